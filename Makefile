@@ -1,0 +1,40 @@
+# gatelens: `make reproduce` (the main job on the default corpus) and `make test`.
+# Both create .venv and install everything they need on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+OUT    ?= runs/reproduce
+STAMP  := $(VENV)/.gatelens-installed
+
+.PHONY: install reproduce test lint bench browser clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch pinned to the CPU build that lies on disk (an unpinned torch pulls CUDA, GBs)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+reproduce: install
+	$(VENV)/bin/gatelens reproduce --out $(OUT)
+
+# Headless Chromium for the HTML report's browser test (Debian's package, as root).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+
+test: install browser lint
+	$(PY) -m pytest
+
+bench: install
+	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_trace.py
+	$(PY) benchmarks/bench_analyze.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,120 @@
+"""The `gatelens` command: parse, call, print. Exit 0 done, 1 a check failed, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .config import TrainConfig
+from .errors import CheckFailed, GatelensError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        raise GatelensError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a character-level model into a run directory")
+    d = TrainConfig()
+    p.add_argument("--corpus", help=f"built-in name or UTF-8 text file (default {d.corpus})")
+    p.add_argument("--cell", choices=["lstm", "gru", "rnn"], help=f"default {d.cell}")
+    p.add_argument("--hidden", type=_positive_int, help=f"units per layer (default {d.hidden})")
+    p.add_argument("--layers", type=_positive_int, help=f"default {d.layers}")
+    p.add_argument("--embed", type=_positive_int, help="embedding size (default: one-hot)")
+    p.add_argument("--nonlinearity", choices=["tanh", "relu"], help="plain RNN only")
+    p.add_argument("--steps", type=_positive_int, help=f"default {d.steps}")
+    p.add_argument("--batch", type=_positive_int, help=f"default {d.batch}")
+    p.add_argument("--seq", type=_positive_int, help=f"default {d.seq}")
+    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d.lr})")
+    p.add_argument("--clip", type=float, help=f"gradient norm clip (default {d.clip})")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--forget-bias", type=float, metavar="B",
+                   help="forget gate's total bias (GRU: z) in every unit")
+    g.add_argument("--chrono", type=float, metavar="TMAX", help="chrono initialisation")
+    p.add_argument("--eval-every", type=_positive_int, help=f"default {d.eval_every}")
+    p.add_argument("--val-windows", type=_positive_int, help=f"default {d.val_windows}")
+    p.add_argument("--seed", type=int, help=f"default {d.seed}")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _cmd_train(args) -> int:
+    from .train import train
+
+    given = {k: v for k, v in vars(args).items()
+             if v is not None and k not in ("command", "resume", "out", "quiet")}
+    if args.resume:
+        res = train(None, args.out, resume=True, progress=not args.quiet, overrides=given)
+    else:
+        res = train(TrainConfig(**given), args.out, progress=not args.quiet)
+    print(f"{res.run}: {res.steps_done} steps, best validation loss {res.best_val_loss:.4f} "
+          f"at step {res.best_step}")
+    return 130 if res.interrupted else 0
+
+
+def _add_sample(sub) -> None:
+    p = sub.add_parser("sample", help="text from a trained model")
+    p.add_argument("run")
+    p.add_argument("--length", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--prime", default="\n")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default="best", help="best, final or a step number")
+
+
+def _cmd_sample(args) -> int:
+    from .runs import load_run
+    from .sample import sample
+
+    run = load_run(args.run, args.checkpoint)
+    print(sample(run, args.length, args.temperature, args.prime, args.seed))
+    return 0
+
+
+COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gatelens", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code.
+
+    >>> main(["train", "--hidden", "0", "--out", "x"])
+    2
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command][1](args)
+    except GatelensError as e:
+        print(f"gatelens: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except CheckFailed as e:
+        print(f"gatelens: check failed: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("gatelens: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The training configuration: a typed dataclass, every field explained, validated.
+
+>>> TrainConfig(hidden=0).validate()
+Traceback (most recent call last):
+...
+gatelens.errors.GatelensError: --hidden must be a positive integer, got 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .errors import GatelensError
+
+
+@dataclass
+class TrainConfig:
+    corpus: str = "shakespeare"  # built-in corpus name or a UTF-8 text file's path
+    cell: str = "lstm"  # lstm | gru | rnn
+    hidden: int = 325  # H, units per layer (the seed's 325)
+    layers: int = 1  # stacked recurrent layers
+    embed: int | None = None  # None: one-hot input, W_ih has a column per character
+    nonlinearity: str = "tanh"  # plain RNN only: tanh | relu
+    steps: int = 800  # optimiser steps (the seed's 800)
+    batch: int = 32  # windows per batch
+    seq: int = 128  # characters per training window (targets are the next characters)
+    lr: float = 2e-3  # Adam learning rate (char-rnn's customary 2e-3)
+    clip: float = 5.0  # gradient clipping: max global L2 norm
+    forget_bias: float | None = None  # keep gate's total bias b_ih + b_hh (None: PyTorch's)
+    chrono: float | None = None  # chrono initialisation T_max (None: off)
+    eval_every: int = 100  # validation loss (and a checkpoint) every this many steps
+    val_windows: int = 64  # validation windows of `seq` characters, evenly spaced
+    seed: int = 0  # seeds weights, batches and everything random
+    device: str = "auto"  # auto | cpu | cuda
+
+    def validate(self) -> TrainConfig:
+        """Raise GatelensError naming the first bad setting; return self."""
+        for name in ("hidden", "layers", "steps", "batch", "seq", "eval_every", "val_windows"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise GatelensError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                    f"got {v}")
+        if self.embed is not None and self.embed <= 0:
+            raise GatelensError(f"--embed must be a positive integer, got {self.embed}")
+        if self.cell not in ("lstm", "gru", "rnn"):
+            raise GatelensError(f"--cell must be lstm, gru or rnn, got {self.cell!r}")
+        if self.nonlinearity not in ("tanh", "relu"):
+            raise GatelensError(f"--nonlinearity must be tanh or relu, got {self.nonlinearity!r}")
+        if self.nonlinearity != "tanh" and self.cell != "rnn":
+            raise GatelensError("--nonlinearity applies to --cell rnn only")
+        if not self.lr > 0:
+            raise GatelensError(f"--lr must be positive, got {self.lr}")
+        if not self.clip > 0:
+            raise GatelensError(f"--clip must be positive, got {self.clip}")
+        if self.forget_bias is not None and self.chrono is not None:
+            raise GatelensError("--forget-bias and --chrono are exclusive; give one")
+        if self.cell == "rnn" and (self.forget_bias is not None or self.chrono is not None):
+            flag = "--forget-bias" if self.forget_bias is not None else "--chrono"
+            raise GatelensError(f"{flag} needs a gated cell (lstm or gru); a plain rnn has "
+                                "no forget gate")
+        if self.chrono is not None and not self.chrono > 2:
+            raise GatelensError(f"--chrono TMAX must be above 2, got {self.chrono}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise GatelensError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

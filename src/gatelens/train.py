@@ -1,0 +1,360 @@
+"""The training loop: batches, Adam, clipping, evaluation, checkpoints and resume.
+
+A run directory is always valid: every file is written atomically, and at each
+evaluation (and on Ctrl-C) the loop saves what an exact resume needs: weights, Adam's
+state, the RNG states and the step. ``train(..., resume=True)`` continues such a run and
+ends with exactly the weights an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from . import __version__
+from .config import TrainConfig
+from .corpus import Vocab, default_window_starts, load_corpus, split
+from .errors import GatelensError
+from .io import atomic_write_json, atomic_write_text
+from .model import CharLM, set_chrono, set_forget_bias
+from .runs import (
+    CKPT_DIR,
+    CONFIG,
+    HISTORY,
+    WEIGHTS,
+    checkpoint_path,
+    read_config,
+    read_weights,
+    save_weights,
+)
+from .seed import set_seed
+
+RESUME = "resume.safetensors"  # weights + Adam state + RNG states of the last saved step
+HISTORY_FIELDS = ("step", "train_loss", "val_loss", "seconds")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise GatelensError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+@dataclass
+class Data:
+    """The corpus encoded once: training ids, fixed validation windows, the vocabulary."""
+
+    vocab: Vocab
+    train: torch.Tensor  # (N_train,) int64
+    val: torch.Tensor  # (n_val_windows, seq + 1) int64
+    sha256: str
+    name: str
+    source: str
+
+    @classmethod
+    def load(cls, cfg: TrainConfig, vocab: Vocab | None = None) -> Data:
+        corpus = load_corpus(cfg.corpus)
+        train_text, val_text = split(corpus.text)
+        need = cfg.seq + 1
+        if len(train_text) < need:
+            raise GatelensError(f"{cfg.corpus}: corpus too short: the training split has "
+                                f"{len(train_text)} characters, one window needs {need} "
+                                f"(--seq {cfg.seq} + 1)")
+        if len(val_text) < need:
+            raise GatelensError(f"{cfg.corpus}: corpus too short for the validation set: the "
+                                f"last 10 % is {len(val_text)} characters, one window needs "
+                                f"{need} (--seq {cfg.seq} + 1)")
+        vocab = vocab or Vocab.from_text(corpus.text)
+        val_ids = vocab.encode(val_text, where=cfg.corpus)
+        starts = default_window_starts(len(val_text), cfg.val_windows, need)
+        val = torch.stack([val_ids[s:s + need] for s in starts])  # (n_val, seq + 1)
+        digest = hashlib.sha256(corpus.text.encode("utf-8")).hexdigest()
+        return cls(vocab, vocab.encode(train_text, where=cfg.corpus), val, digest,
+                   corpus.name, corpus.source)
+
+    def batch(self, batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+        """Random windows of seq + 1 characters from the training split, (B, seq + 1)."""
+        starts = torch.randint(0, len(self.train) - seq, (batch,), generator=gen)  # (B,)
+        return self.train[starts[:, None] + torch.arange(seq + 1)]  # (B, seq + 1)
+
+
+def build(cfg: TrainConfig, vocab_size: int) -> CharLM:
+    """The untrained model for ``cfg``: PyTorch's init from the seed, then any bias init."""
+    set_seed(cfg.seed)
+    model = CharLM(vocab_size, cfg.hidden, cfg.layers, cfg.cell, cfg.embed, cfg.nonlinearity)
+    if cfg.forget_bias is not None:
+        set_forget_bias(model, cfg.forget_bias)
+    if cfg.chrono is not None:
+        set_chrono(model, cfg.chrono, torch.Generator().manual_seed(cfg.seed))
+    return model
+
+
+def loss_on(model: CharLM, ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-character cross-entropy of windows ``ids`` (B, T + 1)."""
+    logits, _ = model(ids[:, :-1])  # (B, T, V)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model: CharLM, val: torch.Tensor, batch: int, device: torch.device) -> float:
+    """Validation loss (nats per character) over every validation window."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for k in range(0, len(val), batch):
+        ids = val[k:k + batch].to(device)
+        total += float(loss_on(model, ids)) * ids.shape[0]
+        count += ids.shape[0]
+    model.train(was_training)
+    return total / count
+
+
+def _versions() -> dict:
+    return {"gatelens": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "safetensors": safetensors.__version__, "python": platform.python_version()}
+
+
+class _StopFlag:
+    """Ctrl-C asks the loop to stop at the next step boundary; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self._old = None
+
+    def __enter__(self) -> _StopFlag:
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread: no handler, no graceful stop
+            self._old = None
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+@dataclass
+class TrainResult:
+    run: Path
+    steps_done: int
+    best_step: int
+    best_val_loss: float
+    interrupted: bool
+
+
+def _write_history(run: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=HISTORY_FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(run / HISTORY, buf.getvalue())
+
+
+def _read_history(run: Path, upto: int) -> list[dict]:
+    path = run / HISTORY
+    if not path.exists():
+        return []
+    with open(path, newline="", encoding="utf-8") as fh:
+        return [r for r in csv.DictReader(fh) if int(r["step"]) <= upto]
+
+
+def _prepare_out(out: Path, resume: bool) -> None:
+    if resume:
+        if not (out / CONFIG).exists():
+            raise GatelensError(f"{out}: --resume needs an existing run directory (no {CONFIG})")
+        return
+    if (out / CONFIG).exists():
+        raise GatelensError(f"{out}: holds another run; use --resume to continue it or choose "
+                            "another --out")
+    if out.exists() and not out.is_dir():
+        raise GatelensError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        raise GatelensError(f"{out}: directory is not empty; choose a new --out")
+
+
+def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
+          progress: bool = True, overrides: dict | None = None,
+          on_step: Callable[[int], None] | None = None,
+          stop_at: int | None = None) -> TrainResult:
+    """Train a CharLM and write the run directory ``out``.
+
+    With ``resume=True`` the run's saved settings are used (``cfg`` may be None);
+    ``overrides`` are settings given again on resume: they must agree with the run's,
+    except ``steps`` (to extend a run) and ``device``. ``on_step(step)`` is called after
+    each optimiser step (an exception there is a crash); ``stop_at`` stops as Ctrl-C
+    would, after that step. Both are for testing.
+    """
+    out = Path(out)
+    _prepare_out(out, resume)
+    if resume:
+        saved = read_config(out)
+        cfg = _resume_config(saved, overrides or {}, out)
+    if cfg is None:
+        raise ValueError("train() needs a TrainConfig unless resume=True")
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    vocab = Vocab(list(saved["vocab"])) if resume else None
+    data = Data.load(cfg, vocab)
+    if resume and data.sha256 != saved["corpus"]["sha256"]:
+        raise GatelensError(f"{out}: the corpus {cfg.corpus} is not the text this run was "
+                            "trained on (sha256 differs)")
+    model = build(cfg, data.vocab.size).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed)  # batches: saved and restored on resume
+    config = {
+        "format": "gatelens-run/1",
+        "model": {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers,
+                  "embed": cfg.embed, "nonlinearity": cfg.nonlinearity,
+                  "input": "embedding" if cfg.embed else "one-hot",
+                  "vocab_size": data.vocab.size},
+        "vocab": data.vocab.chars,
+        "train": cfg.to_dict(),
+        "optimizer": {"name": "Adam", "lr": cfg.lr, "betas": [0.9, 0.999],
+                      "clip_grad_norm": cfg.clip},
+        "corpus": {"name": data.name, "source": data.source, "sha256": data.sha256,
+                   "train_chars": len(data.train), "val_windows": len(data.val),
+                   "val_fraction": 0.1},
+        "versions": _versions(),
+        "best": {"step": None, "val_loss": None},
+        "steps_done": 0,
+        "status": "running",
+    }
+    step, rows, elapsed = 0, [], 0.0
+    if resume:
+        step, elapsed = _restore(out, model, opt, gen, saved)
+        rows = _read_history(out, step)
+        config["best"], config["status"] = saved["best"], "running"
+        config["versions"] = saved.get("versions", config["versions"])
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CKPT_DIR).mkdir(exist_ok=True)
+        atomic_write_json(out / CONFIG, config)
+        val_loss = evaluate(model, data.val, cfg.batch, device)
+        rows.append({"step": 0, "train_loss": "", "val_loss": f"{val_loss:.6f}",
+                     "seconds": "0.000"})
+        _checkpoint(out, model, opt, gen, 0, 0.0, rows, config, val_loss)
+
+    model.train()
+    interrupted = False
+    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, unit="step",
+               desc=f"train {cfg.cell} {cfg.hidden}", dynamic_ncols=True, file=sys.stderr)
+    with _StopFlag() as flag:
+        t0 = time.perf_counter() - elapsed
+        while step < cfg.steps:
+            ids = data.batch(cfg.batch, cfg.seq, gen).to(device)  # (B, seq + 1)
+            loss = loss_on(model, ids)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            opt.step()
+            step += 1
+            train_loss = float(loss.detach())
+            row = {"step": step, "train_loss": f"{train_loss:.6f}", "val_loss": "",
+                   "seconds": f"{time.perf_counter() - t0:.3f}"}
+            rows.append(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{train_loss:.3f}", refresh=False)
+            if on_step is not None:
+                on_step(step)
+            stopping = flag.stop or step == stop_at
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                val_loss = evaluate(model, data.val, cfg.batch, device)
+                row["val_loss"] = f"{val_loss:.6f}"
+                bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}")
+                _checkpoint(out, model, opt, gen, step, time.perf_counter() - t0, rows, config,
+                            val_loss)
+            elif stopping:  # between evaluations: save what an exact resume needs
+                _checkpoint(out, model, opt, gen, step, time.perf_counter() - t0, rows, config,
+                            None)
+            if stopping:
+                interrupted = True
+                break
+    bar.close()
+    config["status"] = "interrupted" if interrupted and step < cfg.steps else "done"
+    atomic_write_json(out / CONFIG, config)
+    if interrupted and step < cfg.steps:
+        print(f"gatelens: stopped at step {step} of {cfg.steps}; continue with "
+              f"`gatelens train --resume --out {out}`", file=sys.stderr)
+    return TrainResult(out, step, config["best"]["step"], config["best"]["val_loss"],
+                       interrupted and step < cfg.steps)
+
+
+def _checkpoint(out: Path, model: CharLM, opt: torch.optim.Optimizer, gen: torch.Generator,
+                step: int, seconds: float, rows: list[dict], config: dict,
+                val_loss: float | None) -> None:
+    """Persist one step. Order matters for crash safety: a resume reads resume.safetensors
+    last, so everything it points at (history, checkpoints) is already on disk."""
+    weights = model.state_dict()
+    if val_loss is not None:
+        save_weights(checkpoint_path(out, step), weights, {"step": step})
+        best = config["best"]["val_loss"]
+        if best is None or val_loss < best:
+            save_weights(out / WEIGHTS, weights, {"step": step})
+            config["best"] = {"step": step, "val_loss": round(val_loss, 6)}
+    _write_history(out, rows)
+    state = {f"model.{k}": v for k, v in weights.items()}
+    opt_state = opt.state_dict()
+    for pid, s in opt_state["state"].items():
+        for k, v in s.items():
+            state[f"adam.{pid}.{k}"] = torch.as_tensor(v)
+    state["rng.torch"] = torch.get_rng_state()
+    state["rng.batches"] = gen.get_state()
+    save_weights(out / RESUME, state, {"step": step, "seconds": repr(seconds),
+                                       "best": json.dumps(config["best"])})
+    config["steps_done"] = step
+    atomic_write_json(out / CONFIG, config)
+
+
+def _restore(out: Path, model: CharLM, opt: torch.optim.Optimizer, gen: torch.Generator,
+             saved: dict) -> tuple[int, float]:
+    path = out / RESUME
+    if not path.exists():
+        raise GatelensError(f"{out}: cannot resume, {RESUME} is missing")
+    with safetensors.safe_open(str(path), "pt") as fh:
+        meta = fh.metadata() or {}
+    state = read_weights(path)
+    model.load_state_dict({k[len("model."):]: v for k, v in state.items()
+                           if k.startswith("model.")})
+    opt_state = opt.state_dict()
+    for pid in range(len(list(model.parameters()))):
+        keys = [k for k in state if k.startswith(f"adam.{pid}.")]
+        if keys:
+            opt_state["state"][pid] = {k.split(".", 2)[2]: state[k] for k in keys}
+    opt.load_state_dict(opt_state)
+    torch.set_rng_state(state["rng.torch"])
+    gen.set_state(state["rng.batches"])
+    saved["best"] = json.loads(meta.get("best", json.dumps(saved["best"])))
+    return int(meta["step"]), float(meta.get("seconds", "0"))
+
+
+def _resume_config(saved: dict, overrides: dict, out: Path) -> TrainConfig:
+    """The run's saved config with ``overrides`` applied; only steps and device may differ."""
+    cfg = TrainConfig.from_dict(saved["train"])
+    for name, value in overrides.items():
+        if name in ("steps", "device"):
+            setattr(cfg, name, value)
+        elif value != getattr(cfg, name):
+            raise GatelensError(f"{out}: --{name.replace('_', '-')} {value} differs from the "
+                                f"run's {getattr(cfg, name)}; a resumed run keeps its settings")
+    return cfg
