@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -134,3 +135,30 @@ def load_run(run: str | Path, checkpoint: str | int = "best") -> LoadedRun:
     model.load_state_dict(tensors)
     model.eval()
     return LoadedRun(run, model, cfg, Vocab(list(cfg["vocab"])), step, path)
+
+
+def run_windows(loaded: LoadedRun, text: str | Path | None = None, windows: int = 32,
+                length: int = 128) -> tuple[torch.Tensor, str]:
+    """The analysis windows of METHODS.md for a run, (B, T) int64, and their source.
+
+    With ``text`` (a file path): its first B consecutive T-character slices. Otherwise B
+    windows evenly spaced over the validation split of the run's own corpus.
+    """
+    from .corpus import analysis_windows, load_corpus, read_text_file, split
+
+    if text is not None:
+        ids = analysis_windows(loaded.vocab, windows, length, text=read_text_file(text),
+                               where=str(text))
+        return ids, str(text)
+    info = loaded.config.get("corpus", {})
+    name = info.get("name") or loaded.config["train"]["corpus"]
+    if not Path(name).exists() and info.get("source") and Path(info["source"]).exists():
+        name = info["source"]  # a relative corpus path, seen from another directory
+    corpus = load_corpus(name)
+    sha = loaded.config.get("corpus", {}).get("sha256")
+    if sha and hashlib.sha256(corpus.text.encode("utf-8")).hexdigest() != sha:
+        raise GatelensError(f"{name}: this corpus has changed since the run was trained "
+                            "(sha256 differs); pass --text FILE")
+    _, val_text = split(corpus.text)
+    ids = analysis_windows(loaded.vocab, windows, length, val_text=val_text)
+    return ids, f"{name} validation split"
