@@ -85,7 +85,36 @@ def _cmd_sample(args) -> int:
     return 0
 
 
-COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample)}
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="check the gate read-out against PyTorch's own output")
+    p.add_argument("run")
+    p.add_argument("--checkpoint", default="best", help="best, final or a step number")
+    p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
+    p.add_argument("--windows", type=_positive_int, default=32)
+    p.add_argument("--length", type=_positive_int, default=128)
+
+
+def _cmd_verify(args) -> int:
+    from .runs import load_run, run_windows
+    from .verify import verify
+
+    run = load_run(args.run, args.checkpoint)
+    ids, source = run_windows(run, args.text, args.windows, args.length)
+    res = verify(run.model.rnn, run.model.encode(ids))
+    print(f"{args.run} (step {run.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
+          f"of {source}:")
+    for d in res.layers:
+        name = f"layer{d.layer}{'.reverse' if d.reverse else ''}"
+        c = "" if d.max_abs_diff_c is None else f"  max |c_hand - c_torch| {d.max_abs_diff_c:.3g}"
+        print(f"  {name}: max |h_hand - h_torch| {d.max_abs_diff_h:.3g}{c}")
+    if not res.passed:
+        raise CheckFailed(f"read-out differs from PyTorch by more than {res.tol:g}")
+    print(f"passed (tolerance {res.tol:g})")
+    return 0
+
+
+COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
+            "verify": (_add_verify, _cmd_verify)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,50 @@
+"""`gatelens verify RUN`: per-layer differences printed; exit 1 when the read-out is off."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import gatelens.verify as verify_mod
+from gatelens.cli import main
+from gatelens.config import TrainConfig
+from gatelens.train import train
+
+
+@pytest.fixture
+def run2(tiny_text, tmp_path):
+    cfg = TrainConfig(corpus=str(tiny_text), hidden=12, layers=2, steps=3, batch=4, seq=16,
+                      eval_every=3, val_windows=2, device="cpu")
+    train(cfg, tmp_path / "run", progress=False)
+    return tmp_path / "run"
+
+
+def test_verify_passes_and_reports_each_layer(capsys, run2):
+    assert main(["verify", str(run2), "--windows", "4", "--length", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "layer0: max |h_hand - h_torch|" in out and "layer1:" in out and "passed" in out
+    for line in out.splitlines():
+        if line.strip().startswith("layer"):
+            assert float(line.split("|h_hand - h_torch|")[1].split()[0]) <= 1e-5
+
+
+def test_verify_fails_with_exit_1_when_readout_is_wrong(capsys, run2, monkeypatch):
+    real = verify_mod.trace_fn
+
+    def broken(module, inputs, state=None):
+        tr = real(module, inputs, state)
+        tensors = dict(tr.tensors)
+        tensors["layer1.h"] = tensors["layer1.h"] + 1e-3
+        return dataclasses.replace(tr, tensors=tensors)
+    monkeypatch.setattr(verify_mod, "trace_fn", broken)
+    assert main(["verify", str(run2), "--windows", "2", "--length", "20"]) == 1
+    captured = capsys.readouterr()
+    assert "check failed" in captured.err and "Traceback" not in captured.err
+
+
+def test_verify_bad_input(capsys, run2, tmp_path):
+    assert main(["verify", str(tmp_path / "nope")]) == 2
+    assert main(["verify", str(run2), "--checkpoint", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "no such run directory" in err and "steps available: 0, 3" in err
