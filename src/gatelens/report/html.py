@@ -1,0 +1,150 @@
+"""report.html: one self-contained page with the gates drawn over the text.
+
+The page is ``template.html`` with ``page.css``, ``page.js``, the report's tables, the
+plots (base64 data URIs) and the data of ``html_data.page_data`` inlined, so it works
+offline from file:// and makes no request to any host. ``write_html`` writes it beside
+report.json (with page_data.json, from which ``rebuild_html`` rebuilds it);
+``HtmlReport`` shows the same page inline in Jupyter.
+
+>>> data = {"title": "demo", "report": {}, "plots": [], "meta": {}}
+>>> page = render_html(data)
+>>> page.startswith("<!DOCTYPE html>") and "<title>demo</title>" in page
+True
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from gatelens.io import atomic_write_json, atomic_write_text
+from gatelens.report.html_data import encode_plot, page_data
+from gatelens.report.html_tables import report_tables
+
+__all__ = ["HtmlReport", "page_data", "render_html", "rebuild_html", "write_html"]
+
+HERE = Path(__file__).resolve().parent
+#: Keys of page_data that page_data.json leaves out: they are rebuilt from report.json
+#: and the PNG files, so the two never disagree.
+REBUILT = ("report", "plots")
+
+
+def _asset(name: str) -> str:
+    return (HERE / name).read_text(encoding="utf-8")
+
+
+def _script_json(obj: Any) -> str:
+    """JSON safe inside <script>: no '<' can close the element (JSON.parse reads \\u003c).
+
+    >>> _script_json({"t": "</script>"})
+    '{"t":"\\\\u003c/script>"}'
+    """
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+
+
+def _plots_html(plots: list[dict[str, str]]) -> str:
+    figs = "".join(
+        f'<figure><img alt="{escape(p["name"])}" src="{p["uri"]}">'
+        f'<figcaption>{escape(p["name"])}</figcaption></figure>' for p in plots)
+    return figs or "<p class=\"muted\">No plots in this analysis.</p>"
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The whole page for ``data`` (what ``page_data`` returns), as one string."""
+    parts = {
+        "TITLE": escape(str(data.get("title", "gatelens report"))),
+        "CSS": _asset("page.css"),
+        "JS": _asset("page.js").replace("</", "<\\/"),
+        "TABLES": report_tables(data.get("report") or {}),
+        "PLOTS": _plots_html(data.get("plots") or []),
+        # Top-level keys sorted: a rebuilt page is byte-identical to the first one.
+        "DATA": _script_json({k: data[k] for k in sorted(data) if k != "plots"}),
+    }
+    # One pass, so text inside one part is never read as a placeholder of another.
+    return re.sub(r"\{\{([A-Z]+)\}\}", lambda m: parts[m.group(1)], _asset("template.html"))
+
+
+@dataclass
+class HtmlReport:
+    """A rendered page; Jupyter displays it inline (isolated in an iframe).
+
+    >>> r = HtmlReport("<!DOCTYPE html><p>hi</p>")
+    >>> r._repr_html_().startswith("<iframe")
+    True
+    """
+
+    html: str
+    path: Path | None = None
+    height: int = 900
+
+    @classmethod
+    def from_analysis(cls, analysis: Any, max_windows: int | None = None) -> HtmlReport:
+        """Render an analysis without writing anything."""
+        return cls(render_html(page_data(analysis, max_windows=max_windows)))
+
+    @classmethod
+    def from_dir(cls, out_dir: str | Path) -> HtmlReport:
+        """Read (without rebuilding) the report.html of an analysis directory."""
+        path = Path(out_dir) / "report.html"
+        return cls(path.read_text(encoding="utf-8"), path)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` atomically."""
+        atomic_write_text(path, self.html)
+        return Path(path)
+
+    def _repr_html_(self) -> str:
+        # srcdoc keeps the page's CSS, ids and keyboard handler out of the notebook's own.
+        return (f'<iframe srcdoc="{escape(self.html, quote=True)}" '
+                f'style="width:100%;height:{self.height}px;border:1px solid #ddd" '
+                'title="gatelens report"></iframe>')
+
+
+def write_html(analysis: Any, max_windows: int | None = None) -> Path:
+    """Write OUT/page_data.json and OUT/report.html for an analysis; return the page's path.
+
+    >>> import tempfile
+    >>> from gatelens.report.html_demo import demo_analysis
+    >>> a = demo_analysis("gru", windows=2, length=12, hidden=4, perturb_pos=4,
+    ...                   out=tempfile.mkdtemp())
+    >>> write_html(a).name, sorted(p.name for p in a.out.iterdir())
+    ('report.html', ['page_data.json', 'plots', 'report.html'])
+    """
+    out = Path(analysis.out)
+    data = page_data(analysis, max_windows=max_windows)
+    atomic_write_json(out / "page_data.json", {k: v for k, v in data.items() if k not in REBUILT})
+    path = out / "report.html"
+    atomic_write_text(path, render_html(data))
+    return path
+
+
+def rebuild_html(out_dir: str | Path) -> Path:
+    """Rebuild OUT/report.html from OUT/page_data.json, OUT/report.json and the plots.
+
+    Raises FileNotFoundError naming the missing file when the directory is not an
+    analysis written by ``write_html``.
+
+    >>> import json, tempfile
+    >>> from gatelens.report.html_demo import demo_analysis
+    >>> a = demo_analysis("rnn_tanh", windows=2, length=12, hidden=4, perturb_pos=4,
+    ...                   out=tempfile.mkdtemp())
+    >>> _ = (a.out / "report.json").write_text(json.dumps(a.report))
+    >>> first = write_html(a).read_text()
+    >>> rebuild_html(a.out).read_text() == first
+    True
+    """
+    out = Path(out_dir)
+    for name in ("page_data.json", "report.json"):
+        if not (out / name).is_file():
+            raise FileNotFoundError(f"{out / name} is missing; run `gatelens analyze` first")
+    data = json.loads((out / "page_data.json").read_text(encoding="utf-8"))
+    data["report"] = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    files = [out / p for p in data.get("plot_files", [])] or sorted((out / "plots").glob("*.png"))
+    data["plots"] = [encode_plot(p) for p in files if p.is_file()]
+    path = out / "report.html"
+    atomic_write_text(path, render_html(data))
+    return path

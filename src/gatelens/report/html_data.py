@@ -1,0 +1,232 @@
+"""The data the HTML report embeds: a compact, JSON-ready picture of one analysis.
+
+Everything here is a pure function of an Analysis-like object (the fields of
+``gatelens.analyze.Analysis``). Trace values travel as uint8 with a per-unit range, so a
+seed-sized analysis (32 windows x 128 characters x 325 units) fits a page of a few MB;
+the decoding rule is ``v = lo[u] + q / 255 * (hi[u] - lo[u])``, error at most
+``(hi[u] - lo[u]) / 510`` (see ``dequantize``).
+
+>>> import numpy as np
+>>> x = np.array([[0.0, -1.0], [0.5, 1.0], [1.0, 0.0]])   # (N, H)
+>>> enc = quantize(x)
+>>> enc["lo"], enc["hi"], enc["shape"]
+([0.0, -1.0], [1.0, 1.0], [3, 2])
+>>> bool(np.abs(dequantize(enc) - x).max() <= 2 / 510)
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Signals whose values lie in [0, 1] (sigmoid) or [-1, 1] (tanh); others are unbounded.
+BOUNDED: dict[str, tuple[float, float]] = {
+    "i": (0.0, 1.0), "f": (0.0, 1.0), "o": (0.0, 1.0), "r": (0.0, 1.0), "z": (0.0, 1.0),
+    "g": (-1.0, 1.0), "n": (-1.0, 1.0),
+}
+#: Raw bytes of quantised traces the page may carry by default (base64 adds a third).
+BYTE_BUDGET = 2_800_000
+#: Most windows the character view ever draws.
+MAX_WINDOWS = 16
+
+
+def _sig(v: float, digits: int = 6) -> float | None:
+    """Round to ``digits`` significant digits; non-finite values become None (JSON null)."""
+    v = float(v)
+    if not math.isfinite(v):
+        return None
+    return float(f"{v:.{digits}g}")
+
+
+def quantize(x: np.ndarray) -> dict[str, Any]:
+    """Encode ``x`` (..., H) as uint8 with a per-unit (last axis) range, base64 in C order.
+
+    >>> quantize(np.zeros((2, 1)))["q"]
+    'AAA='
+    """
+    x = np.nan_to_num(np.asarray(x, dtype=np.float64))  # a stray NaN must not break the page
+    flat = x.reshape(-1, x.shape[-1])  # (N, H)
+    lo = np.array([_sig(v) for v in flat.min(axis=0)]) if flat.size else np.zeros(x.shape[-1])
+    hi = np.array([_sig(v) for v in flat.max(axis=0)]) if flat.size else np.zeros(x.shape[-1])
+    span = np.where(hi > lo, hi - lo, 1.0)
+    q = np.clip(np.rint((flat - lo) / span * 255.0), 0, 255).astype(np.uint8)  # (N, H)
+    return {"shape": list(x.shape), "lo": lo.tolist(), "hi": hi.tolist(),
+            "q": base64.b64encode(q.tobytes()).decode("ascii")}
+
+
+def dequantize(enc: dict[str, Any]) -> np.ndarray:
+    """Decode what ``quantize`` wrote, as the page does, to float64 of the original shape.
+
+    >>> dequantize(quantize(np.full((2, 3), 0.25))).tolist()
+    [[0.25, 0.25, 0.25], [0.25, 0.25, 0.25]]
+    """
+    lo, hi = np.asarray(enc["lo"], dtype=np.float64), np.asarray(enc["hi"], dtype=np.float64)
+    q = np.frombuffer(base64.b64decode(enc["q"]), dtype=np.uint8).astype(np.float64)
+    return (lo + q.reshape(-1, lo.size) / 255.0 * (hi - lo)).reshape(enc["shape"])
+
+
+def half_life(a: float) -> float | None:
+    """t½ = ln 0.5 / ln a in characters (METHODS.md); None (infinite) for a >= 1.
+
+    >>> round(half_life(0.494), 2), half_life(1.0), half_life(0.0)
+    (0.98, None, 0.0)
+    """
+    if a >= 1.0:
+        return None
+    if a <= 0.0:
+        return 0.0
+    return math.log(0.5) / math.log(a)
+
+
+def _np(t: Any) -> np.ndarray:
+    """A tensor (or array) as float64 numpy."""
+    return t.detach().cpu().double().numpy() if hasattr(t, "detach") else np.asarray(t, float)
+
+
+def _signals(trace: Any, layer: int) -> list[str]:
+    """Signal letters a trace holds for one forward layer, in storage order."""
+    prefix = f"layer{layer}."
+    return [n[len(prefix):] for n in trace if n.startswith(prefix) and "." not in n[len(prefix):]]
+
+
+def _text(windows: Any, chars: list[str], rows: list[int]) -> list[str]:
+    """The characters of some windows, as strings."""
+    idx = windows.detach().cpu().numpy() if hasattr(windows, "detach") else np.asarray(windows)
+    return ["".join(chars[int(c)] for c in idx[r]) for r in rows]
+
+
+def _unit_table(trace: Any, baseline: Any, layer: int) -> dict[str, list]:
+    """Per-unit mean keep gate (or mean h for a plain RNN), its shift from init, half-life."""
+    keep = trace.keep_gate or "h"
+    name = f"layer{layer}.{keep}"
+    mean = _np(trace[name]).mean(axis=(0, 1))  # (H,)
+    init = _np(baseline[name]).mean(axis=(0, 1)) if name in baseline else np.full_like(mean, np.nan)
+    return {"signal": keep, "mean": [_sig(v) for v in mean], "init": [_sig(v) for v in init],
+            "shift": [_sig(v) for v in mean - init],
+            "half_life": [_sig(half_life(v)) if trace.keep_gate and half_life(v) is not None
+                          else None for v in mean]}
+
+
+def _pooled(trace: Any, letter: str) -> np.ndarray:
+    """One signal of every layer side by side, (B, T, L*H), as the analysis pools them."""
+    return np.concatenate([_np(trace[f"layer{k}.{letter}"])
+                           for k in range(int(trace.num_layers))], axis=-1)
+
+
+def _perturbation(analysis: Any, rows: list[int]) -> dict[str, Any]:
+    """The changed character and the state difference after it, for the shown windows.
+
+    Unit u of layer k is column k*H + u of the (pooled) state difference.
+    """
+    p = int(analysis.perturb_pos)
+    dec = analysis.decomposition
+    if dec is not None:
+        paths = {k: _np(dec[k]) for k in ("measured", "forget_path", "return_path")}  # (B,T,S)
+    else:
+        s = analysis.trace.state_name
+        paths = {"measured": _pooled(analysis.trace_perturbed, s) - _pooled(analysis.trace, s)}
+    norms: dict[str, list] = {}
+    mean_ratio: dict[str, list] = {}
+    ref = np.linalg.norm(paths["measured"][:, p, :], axis=-1)  # (B,) ‖δs_p‖
+    moved = ref > 0  # windows whose δs_p is zero carry no ratio (as in the analysis)
+    for k, v in paths.items():
+        n = np.linalg.norm(v[:, p:, :], axis=-1)  # (B, T-p)
+        norms[k] = [[_sig(x) for x in n[r]] for r in rows]
+        ratio = (n[moved] / ref[moved, None]).mean(axis=0) if moved.any() else n[0] * np.nan
+        mean_ratio[k] = [_sig(x) for x in ratio]
+    chars = list(analysis.chars)
+    return {
+        "pos": p,
+        "texts": _text(analysis.perturbed, chars, rows),
+        "orig": [t[p] for t in _text(analysis.windows, chars, rows)],
+        "paths": {k: quantize(v[rows, p:, :]) for k, v in paths.items()},  # (W, T-p, S)
+        "norms": norms, "mean_ratio": mean_ratio, "has_paths": dec is not None,
+    }
+
+
+def _window_count(analysis: Any, n_layers: int, n_signals: int, max_windows: int | None) -> int:
+    """How many windows the character view draws: max_windows, or what fits the budget."""
+    b, t, h = (int(d) for d in analysis.trace[f"layer0.{analysis.trace.state_name}"].shape)
+    if max_windows is not None:
+        return max(1, min(b, int(max_windows)))
+    per = n_layers * (2 * n_signals * t * h + 3 * (t - int(analysis.perturb_pos)) * h)
+    return max(1, min(b, MAX_WINDOWS, BYTE_BUDGET // max(per, 1)))
+
+
+def encode_plot(path: str | Path) -> dict[str, str]:
+    """A PNG file as ``{"name", "uri"}`` with a base64 data URI.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.png"
+    >>> _ = p.write_bytes(b"\\x89PNG")
+    >>> encode_plot(p)["uri"]
+    'data:image/png;base64,iVBORw=='
+    """
+    path = Path(path)
+    b64 = base64.b64encode(path.read_bytes()).decode("ascii")
+    return {"name": path.name, "uri": f"data:image/png;base64,{b64}"}
+
+
+def page_data(analysis: Any, max_windows: int | None = None) -> dict[str, Any]:
+    """Everything report.html embeds, as a JSON-ready dict.
+
+    ``analysis`` needs the fields of ``gatelens.analyze.Analysis`` (report, chars,
+    windows, perturbed, perturb_pos, trace, baseline, trace_perturbed, decomposition,
+    plots). ``max_windows`` caps the windows drawn character by character; by default as
+    many as fit ``BYTE_BUDGET``. Keys: ``meta`` (cell, sizes, signals, counts), ``texts``,
+    ``models`` (trained / untrained -> layer -> signal -> quantised (W, T, H)),
+    ``units`` (layer -> per-unit table), ``perturb``, ``report``, ``plots``.
+
+    >>> from gatelens.report.html_demo import demo_analysis
+    >>> d = page_data(demo_analysis("lstm", windows=3, length=12, hidden=4, perturb_pos=4))
+    >>> d["meta"]["signals"], d["meta"]["shown"], d["models"]["trained"]["layer0"]["f"]["shape"]
+    (['i', 'f', 'g', 'o', 'c', 'h'], 3, [3, 12, 4])
+    """
+    trace, base = analysis.trace, analysis.baseline
+    layers = [f"layer{k}" for k in range(int(trace.num_layers))]
+    signals = _signals(trace, 0)
+    n = _window_count(analysis, len(layers), len(signals), max_windows)
+    rows = list(range(n))
+    b, t, h = (int(d) for d in trace[f"layer0.{signals[0]}"].shape)
+    models: dict[str, dict] = {}
+    for label, tr in (("trained", trace), ("untrained", base)):
+        models[label] = {ln: {s: quantize(_np(tr[f"{ln}.{s}"])[rows]) for s in signals
+                              if f"{ln}.{s}" in tr} for ln in layers}
+    report = analysis.report
+    model = report.get("model", {}) if isinstance(report, dict) else {}
+    meta = {
+        "cell": trace.cell, "layers": layers, "hidden": h, "signals": signals,
+        "keep_gate": trace.keep_gate, "state": trace.state_name,
+        "n_windows": b, "length": t, "shown": n, "step": model.get("step"),
+        "source": (report.get("text") or {}).get("source") if isinstance(report, dict) else None,
+        "ranges": {s: list(BOUNDED[s]) if s in BOUNDED else None for s in signals},
+    }
+    if trace.cell == "rnn_tanh":
+        meta["ranges"]["h"] = [-1.0, 1.0]
+    return {
+        "format": 1,
+        "title": f"gatelens · {trace.cell} · {h} units" + (
+            f" · step {meta['step']}" if meta["step"] is not None else ""),
+        "meta": meta,
+        "chars": list(analysis.chars),
+        "texts": _text(analysis.windows, list(analysis.chars), rows),
+        "models": models,
+        "units": {ln: _unit_table(trace, base, k) for k, ln in enumerate(layers)},
+        "perturb": _perturbation(analysis, rows),
+        "report": report,
+        "plots": [encode_plot(p) for p in analysis.plots if Path(p).is_file()],
+        "plot_files": [_relative(p, analysis.out) for p in analysis.plots],
+    }
+
+
+def _relative(path: str | Path, out: str | Path) -> str:
+    """``path`` relative to ``out`` when inside it (so a moved analysis still rebuilds)."""
+    try:
+        return Path(path).resolve().relative_to(Path(out).resolve()).as_posix()
+    except ValueError:
+        return str(path)
