@@ -1,0 +1,139 @@
+"""Check a trace against the module's own output, every layer and direction.
+
+PyTorch returns only the last layer's sequence. To check layer k < L - 1 over its full
+sequence, ``verify`` builds a fresh module of the same class with k + 1 layers, gives it
+copies of the first k + 1 layers' weights and runs it; the user's module is only read.
+c is compared on each layer's final c_n (PyTorch exposes no other c).
+
+>>> import torch
+>>> res = verify(torch.nn.LSTM(3, 4, num_layers=2), torch.randn(5, 2, 3))
+>>> res.passed, len(res.layers)
+(True, 2)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+
+from gatelens.cells import faithful_matmul
+from gatelens.trace import State, check_module
+from gatelens.trace import trace as trace_fn
+from gatelens.trace_types import Trace
+
+#: Largest max |hand − torch| that passes (METHODS.md: ~1e-7 expected on CPU float32).
+VERIFY_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    """Max absolute differences of one layer and direction."""
+
+    layer: int
+    reverse: bool
+    max_abs_diff_h: float  # over every window, position and unit, and h_n
+    max_abs_diff_c: float | None  # final c_n (LSTM only)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of ``verify``: per layer and direction, and overall."""
+
+    cell: str
+    layers: list[LayerDiff]
+    max_abs_diff_h: float
+    max_abs_diff_c: float | None
+    tol: float = VERIFY_TOL
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Every difference at or below ``tol``."""
+        c = 0.0 if self.max_abs_diff_c is None else self.max_abs_diff_c
+        return self.max_abs_diff_h <= self.tol and c <= self.tol
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict (``passed`` included)."""
+        return {**asdict(self), "passed": self.passed}
+
+
+def _run_torch(module: nn.RNNBase, inputs: Tensor | PackedSequence,
+               state: State) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The module's own output as (B, T, D*H_out), h_n, c_n, in eval semantics."""
+    with torch.no_grad(), warnings.catch_warnings():
+        # oneDNN cannot do projections and says so; the fallback is PyTorch's own path.
+        warnings.filterwarnings("ignore", message=".*projections is not supported with oneDNN")
+        out, hn = module(inputs, state)
+    if isinstance(out, PackedSequence):
+        out, _ = pad_packed_sequence(out, batch_first=True)
+    elif out.ndim == 2:
+        out = out.unsqueeze(0)
+    elif not module.batch_first:
+        out = out.transpose(0, 1)
+    h_n, c_n = hn if isinstance(hn, tuple) else (hn, None)
+    return out, h_n, c_n
+
+
+def _prefix_module(module: nn.RNNBase, k: int) -> nn.RNNBase:
+    """A fresh module of the same class with the first k layers' weights (copies), eval."""
+    kwargs = dict(input_size=module.input_size, hidden_size=module.hidden_size, num_layers=k,
+                  bias=module.bias, batch_first=module.batch_first,
+                  bidirectional=module.bidirectional)
+    if isinstance(module, nn.LSTM):
+        kwargs["proj_size"] = module.proj_size
+    if isinstance(module, nn.RNN):
+        kwargs["nonlinearity"] = module.nonlinearity
+    w = module.weight_ih_l0
+    fresh = type(module)(**kwargs).to(device=w.device, dtype=w.dtype).eval()
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            p.copy_(getattr(module, name))
+    return fresh
+
+
+def _slice_state(state: State, rows: int) -> State:
+    if state is None:
+        return None
+    if isinstance(state, tuple):
+        return tuple(s[:rows] for s in state)
+    return state[:rows]
+
+
+def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None,
+           trace: Trace | None = None, tol: float = VERIFY_TOL) -> VerifyResult:
+    """Max |h_hand − h_torch| (and c) of ``trace`` (computed if None) per layer and direction.
+
+    >>> gru = torch.nn.GRU(2, 3, batch_first=True)
+    >>> r = verify(gru, torch.randn(2, 4, 2))
+    >>> r.max_abs_diff_c is None, r.to_dict()["passed"]
+    (True, True)
+    """
+    cell = check_module(module)
+    tr = trace_fn(module, inputs, state) if trace is None else trace
+    L, D = module.num_layers, 2 if module.bidirectional else 1
+    layers = []
+    with faithful_matmul(module.weight_ih_l0.device):
+        for k in range(L):
+            ref = module if k == L - 1 else _prefix_module(module, k + 1)
+            out, h_n, c_n = _run_torch(ref, inputs, _slice_state(state, (k + 1) * D))
+            H_out = out.shape[-1] // D
+            for d in range(D):
+                name = f"layer{k}{'.reverse' if d else ''}"
+                h = tr[name + ".h"]  # (B, T, H_out)
+                ref_h = out[..., d * H_out : (d + 1) * H_out]  # (B, T', H_out), T' <= T if packed
+                diff_h = _maxdiff(h[:, : ref_h.shape[1]], ref_h)
+                diff_h = max(diff_h, _maxdiff(tr.h_n[k * D + d], h_n[k * D + d]))
+                diff_c = None if c_n is None else _maxdiff(tr.c_n[k * D + d], c_n[k * D + d])
+                layers.append(LayerDiff(k, bool(d), diff_h, diff_c))
+    max_c = None if cell != "lstm" else max(x.max_abs_diff_c for x in layers)
+    max_h = max(x.max_abs_diff_h for x in layers)
+    return VerifyResult(cell=cell, layers=layers, max_abs_diff_h=max_h, max_abs_diff_c=max_c,
+                        tol=tol, meta={"dtype": str(module.weight_ih_l0.dtype)})
+
+
+def _maxdiff(a: Tensor, b: Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
