@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import pytest
 
-import gatelens.verify as verify_mod
 from gatelens.cli import main
 from gatelens.config import TrainConfig
 from gatelens.train import train
+
+verify_mod = importlib.import_module("gatelens.verify")  # the module, not the function
 
 
 @pytest.fixture
@@ -48,3 +50,16 @@ def test_verify_bad_input(capsys, run2, tmp_path):
     assert main(["verify", str(run2), "--checkpoint", "7"]) == 2
     err = capsys.readouterr().err
     assert "no such run directory" in err and "steps available: 0, 3" in err
+
+
+def test_c_is_judged_relative_to_its_size():
+    """|c| of 20 carries float32 rounding of ~2e-6 a step: judged by |Δc| / max(1, |c|)."""
+    import torch
+
+    big = torch.tensor([[20.0, 0.5]])
+    assert verify_mod._maxdiff(big + torch.tensor([[1.5e-5, 0.0]]), big) > 1e-5
+    assert verify_mod._maxdiff(big + torch.tensor([[1.5e-5, 0.0]]), big, scaled=True) < 1e-6
+    assert verify_mod._maxdiff(big + torch.tensor([[0.0, 2e-5]]), big, scaled=True) > 1e-5
+    ok = verify_mod.VerifyResult("lstm", [], 1e-7, 1.4e-5, max_scaled_diff_c=7e-7)
+    bad = verify_mod.VerifyResult("lstm", [], 1e-7, 2e-5, max_scaled_diff_c=2e-5)
+    assert ok.passed and not bad.passed

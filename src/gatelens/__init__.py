@@ -10,12 +10,16 @@ measurements of how long the model really remembers.
 (['layer0.i', 'layer0.f', 'layer0.g', 'layer0.o', 'layer0.c', 'layer0.h'], (2, 5, 4))
 """
 
+__version__ = "0.1.0"  # before the imports: submodules read it
+
+from gatelens.analysis import half_life
+from gatelens.analyze import Analysis, analyze
 from gatelens.hooks import CellCache, open_cells
+from gatelens.reproduce import reproduce
 from gatelens.trace import trace, trace_chunked
 from gatelens.trace_types import Trace, gate_names
 from gatelens.verify import VERIFY_TOL, VerifyResult, verify
 
-__version__ = "0.1.0"
-
-__all__ = ["CellCache", "Trace", "VERIFY_TOL", "VerifyResult", "gate_names", "open_cells",
-           "trace", "trace_chunked", "verify", "__version__"]
+__all__ = ["Analysis", "CellCache", "Trace", "VERIFY_TOL", "VerifyResult", "analyze",
+           "gate_names", "half_life", "open_cells", "reproduce", "trace", "trace_chunked",
+           "verify", "__version__"]

@@ -105,7 +105,9 @@ def _cmd_verify(args) -> int:
           f"of {source}:")
     for d in res.layers:
         name = f"layer{d.layer}{'.reverse' if d.reverse else ''}"
-        c = "" if d.max_abs_diff_c is None else f"  max |c_hand - c_torch| {d.max_abs_diff_c:.3g}"
+        c = "" if d.max_abs_diff_c is None else (
+            f"  max |c_hand - c_torch| {d.max_abs_diff_c:.3g}"
+            f" (/max(1,|c|): {d.max_scaled_diff_c:.3g})")
         print(f"  {name}: max |h_hand - h_torch| {d.max_abs_diff_h:.3g}{c}")
     if not res.passed:
         raise CheckFailed(f"read-out differs from PyTorch by more than {res.tol:g}")
@@ -113,8 +115,56 @@ def _cmd_verify(args) -> int:
     return 0
 
 
+def _add_analyze(sub) -> None:
+    from .analyze import add_arguments
+
+    add_arguments(sub.add_parser("analyze", help="measure a run: report.json, report.md, "
+                                 "plots, report.html"))
+
+
+def _cmd_analyze(args) -> int:
+    from .analyze import main_from_args
+
+    return main_from_args(args)
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="rebuild report.html from an analysis")
+    p.add_argument("run", help="run directory (its analysis/) or an analysis directory")
+
+
+def _cmd_report(args) -> int:
+    from pathlib import Path
+
+    from .report.html import rebuild_html
+
+    run = Path(args.run)
+    out = run / "analysis" if (run / "analysis" / "report.json").exists() else run
+    if not run.exists():
+        raise GatelensError(f"{run}: no such directory")
+    try:
+        print(rebuild_html(out))
+    except FileNotFoundError as e:
+        raise GatelensError(str(e)) from None
+    return 0
+
+
+def _add_reproduce(sub) -> None:
+    from .reproduce import add_arguments
+
+    add_arguments(sub.add_parser("reproduce", help="the seed end to end on the default "
+                                 "corpus, beside the seed's figures"))
+
+
+def _cmd_reproduce(args) -> int:
+    from .reproduce import main_from_args
+
+    return main_from_args(args)
+
+
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
-            "verify": (_add_verify, _cmd_verify)}
+            "verify": (_add_verify, _cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
+            "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce)}
 
 
 def build_parser() -> argparse.ArgumentParser:

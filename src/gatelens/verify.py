@@ -5,6 +5,13 @@ sequence, ``verify`` builds a fresh module of the same class with k + 1 layers, 
 copies of the first k + 1 layers' weights and runs it; the user's module is only read.
 c is compared on each layer's final c_n (PyTorch exposes no other c).
 
+Tolerance. h lies in (−1, 1), so an absolute 1e-5 is a fair float32 bound. c is not
+bounded: a trained LSTM whose forget gates sit near 1 carries |c| of 20 and more, where one
+float32 rounding step is ~2e-6 and two correct float32 runs (oneDNN's fused kernel and
+ATen's step loop) drift apart by ~1e-5 over 128 steps. So c passes when
+|c_hand − c_torch| / max(1, |c_torch|) ≤ 1e-5: the absolute test for |c| ≤ 1, a relative
+one above. ``max_abs_diff_c`` is still reported as METHODS.md defines it.
+
 >>> import torch
 >>> res = verify(torch.nn.LSTM(3, 4, num_layers=2), torch.randn(5, 2, 3))
 >>> res.passed, len(res.layers)
@@ -37,6 +44,7 @@ class LayerDiff:
     reverse: bool
     max_abs_diff_h: float  # over every window, position and unit, and h_n
     max_abs_diff_c: float | None  # final c_n (LSTM only)
+    max_scaled_diff_c: float | None = None  # max |Δc| / max(1, |c_torch|) (LSTM only)
 
 
 @dataclass(frozen=True)
@@ -49,11 +57,12 @@ class VerifyResult:
     max_abs_diff_c: float | None
     tol: float = VERIFY_TOL
     meta: dict = field(default_factory=dict)
+    max_scaled_diff_c: float | None = None  # max |Δc| / max(1, |c_torch|)
 
     @property
     def passed(self) -> bool:
-        """Every difference at or below ``tol``."""
-        c = 0.0 if self.max_abs_diff_c is None else self.max_abs_diff_c
+        """h within ``tol``; c within ``tol`` scaled by max(1, |c|) (module docstring)."""
+        c = 0.0 if self.max_scaled_diff_c is None else self.max_scaled_diff_c
         return self.max_abs_diff_h <= self.tol and c <= self.tol
 
     def to_dict(self) -> dict:
@@ -127,13 +136,26 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
                 ref_h = out[..., d * H_out : (d + 1) * H_out]  # (B, T', H_out), T' <= T if packed
                 diff_h = _maxdiff(h[:, : ref_h.shape[1]], ref_h)
                 diff_h = max(diff_h, _maxdiff(tr.h_n[k * D + d], h_n[k * D + d]))
-                diff_c = None if c_n is None else _maxdiff(tr.c_n[k * D + d], c_n[k * D + d])
-                layers.append(LayerDiff(k, bool(d), diff_h, diff_c))
-    max_c = None if cell != "lstm" else max(x.max_abs_diff_c for x in layers)
+                diff_c = scaled_c = None
+                if c_n is not None:
+                    diff_c = _maxdiff(tr.c_n[k * D + d], c_n[k * D + d])
+                    scaled_c = _maxdiff(tr.c_n[k * D + d], c_n[k * D + d], scaled=True)
+                layers.append(LayerDiff(k, bool(d), diff_h, diff_c, scaled_c))
+    max_c = scaled = None
+    if cell == "lstm":
+        max_c = max(x.max_abs_diff_c for x in layers)
+        scaled = max(x.max_scaled_diff_c for x in layers)
     max_h = max(x.max_abs_diff_h for x in layers)
     return VerifyResult(cell=cell, layers=layers, max_abs_diff_h=max_h, max_abs_diff_c=max_c,
-                        tol=tol, meta={"dtype": str(module.weight_ih_l0.dtype)})
+                        tol=tol, meta={"dtype": str(module.weight_ih_l0.dtype)},
+                        max_scaled_diff_c=scaled)
 
 
-def _maxdiff(a: Tensor, b: Tensor) -> float:
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+def _maxdiff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
+    """max |a − b|, or with ``scaled`` max |a − b| / max(1, |b|)."""
+    if not a.numel():
+        return 0.0
+    diff = (a.double() - b.double()).abs()
+    if scaled:
+        diff = diff / b.double().abs().clamp(min=1.0)
+    return float(diff.max())

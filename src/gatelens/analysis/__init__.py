@@ -1,0 +1,29 @@
+"""The measurements: one pure function a measurement, Trace in, result dataclass out.
+
+See METHODS.md for every definition. Layers are pooled throughout (``common.pooled``).
+
+>>> round(half_life(0.793), 2)
+2.99
+"""
+
+from __future__ import annotations
+
+from .classes import CharClasses, char_classes, default_class
+from .gates import GateDistributions, gate_distributions
+from .perturbation import (
+    LAGS,
+    PerturbationDecay,
+    decompose,
+    perturb_windows,
+    perturbation_decay,
+    report_lags,
+)
+from .units import UnitTimescales, half_life, shift_from_init, summarize_units, unit_timescales
+from .verification import Verification, verification
+
+__all__ = [
+    "LAGS", "CharClasses", "GateDistributions", "PerturbationDecay", "UnitTimescales",
+    "Verification", "char_classes", "decompose", "default_class", "gate_distributions",
+    "half_life", "perturb_windows", "perturbation_decay", "report_lags", "shift_from_init",
+    "summarize_units", "unit_timescales", "verification",
+]

@@ -1,0 +1,60 @@
+"""Helpers shared by the measurements: pooling layers and float64 statistics.
+
+Multi-layer rule (used by every measurement and stated in report.md): the units of all
+layers are pooled, so a gate of a 2-layer model with H units has 2·H units, and the carried
+state s is the concatenation of every layer's state, (B, T, L·H).
+
+>>> import torch
+>>> from gatelens.trace_types import Trace
+>>> tr = Trace("gru", 2, False, {"layer0.z": torch.zeros(1, 2, 3), "layer1.z": torch.ones(1, 2, 3)})
+>>> tuple(pooled(tr, "z").shape)
+(1, 2, 6)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..trace_types import Trace
+
+PERCENTILES = (5, 25, 50, 75, 95)
+
+
+def check_trace(trace: Trace) -> None:
+    """Reject traces the measurements do not define (bidirectional, ragged)."""
+    if trace.bidirectional:
+        raise ValueError("the measurements are defined for unidirectional modules only")
+    if trace.lengths is not None:
+        raise ValueError("the measurements need equal-length windows, not a packed sequence")
+
+
+def pooled(trace: Trace, letter: str) -> Tensor:
+    """One signal of every layer, concatenated on the unit axis: (B, T, L·H)."""
+    check_trace(trace)
+    return torch.cat([trace[f"layer{k}.{letter}"] for k in range(trace.num_layers)], dim=-1)
+
+
+def as_numpy64(x: Tensor) -> np.ndarray:
+    """A tensor as a float64 numpy array (statistics are computed in float64)."""
+    return x.detach().to("cpu", torch.float64).numpy()
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """JSON has no infinity: inf and nan become None (null).
+
+    >>> finite_or_none(float("inf")) is None, finite_or_none(2.5)
+    (True, 2.5)
+    """
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def none_to_inf(x: float | None) -> float:
+    """The inverse of :func:`finite_or_none` for half-lives (null means infinite)."""
+    return math.inf if x is None else float(x)

@@ -1,0 +1,229 @@
+"""Perturbation decay: change one character and watch the difference in the state fade.
+
+At position p of every window x_p is replaced by a different character; both texts run
+from position 0. With s the carried state (LSTM c; GRU, RNN h) and δs_t = s'_t − s_t:
+
+- measured r(k) = mean over windows of ‖δs_{p+k}‖ / ‖δs_p‖;
+- forget-gate alone a(k) = mean of ‖(∏_{j=p+1..p+k} f_j) ⊙ δs_p‖ / ‖δs_p‖ (GRU: z), with
+  the unperturbed run's gates;
+- the exact split δs_{p+k} = forget path + return path of METHODS.md, computed in float64
+  from the two traces.
+
+Layers are pooled: s is every layer's state concatenated, each multiplied by its own
+layer's keep gate. Windows whose δs_p is exactly zero are left out (``n`` counts the rest).
+
+>>> import torch
+>>> from gatelens.trace_types import Trace
+>>> B, T, H, a = 2, 6, 3, 0.5
+>>> f = torch.full((B, T, H), a); i = torch.ones(B, T, H); o = torch.ones(B, T, H)
+>>> g = torch.zeros(B, T, H); g2 = g.clone(); g2[:, 1] = 1.0  # the perturbation at p = 1
+>>> def run(g):
+...     c = torch.zeros(B, T, H); prev = torch.zeros(B, H)
+...     for t in range(T):
+...         prev = f[:, t] * prev + i[:, t] * g[:, t]; c[:, t] = prev
+...     return Trace("lstm", 1, False, dict(i=i, f=f, g=g, o=o, c=c, h=c.tanh()))
+>>> def named(tr): return Trace("lstm", 1, False, {f"layer0.{k}": v for k, v in tr.items()})
+>>> d = perturbation_decay(named(run(g)), named(run(g2)), position=1)
+>>> d.lags, d.measured, d.forget_only
+([1, 2, 4], [0.5, 0.25, 0.0625], [0.5, 0.25, 0.0625])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..trace_types import Trace
+from .common import finite_or_none, pooled
+from .units import half_life
+
+LAGS = (1, 2, 4, 8, 16, 32)
+
+
+def perturb_windows(windows: Tensor, position: int, vocab_size: int, seed: int) -> Tensor:
+    """Copy of ``windows`` (B, T) with x_p replaced by a different character in each window.
+
+    Replacements are uniform over the other V − 1 characters, drawn with ``seed``.
+
+    >>> w = torch.zeros(4, 3, dtype=torch.long)
+    >>> p = perturb_windows(w, 1, 2, seed=0)
+    >>> p[:, 1].tolist(), bool((p[:, [0, 2]] == 0).all())
+    ([1, 1, 1, 1], True)
+    """
+    if vocab_size < 2:
+        raise ValueError("a perturbation needs at least two characters in the vocabulary")
+    if not 0 <= position < windows.shape[1]:
+        raise ValueError(f"position {position} is outside windows of length {windows.shape[1]}")
+    gen = torch.Generator().manual_seed(int(seed))
+    orig = windows[:, position]  # (B,)
+    draw = torch.randint(0, vocab_size - 1, orig.shape, generator=gen)  # (B,) in [0, V−2]
+    out = windows.clone()
+    out[:, position] = draw + (draw >= orig).long()  # skip the original: never unchanged
+    return out
+
+
+def report_lags(position: int, length: int, lags: tuple[int, ...] = LAGS) -> list[int]:
+    """The lags k with p + k < T.
+
+    >>> report_lags(32, 128), report_lags(120, 128)
+    ([1, 2, 4, 8, 16, 32], [1, 2, 4])
+    """
+    return [k for k in lags if position + k < length]
+
+
+def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor] | None:
+    """Exact split of δs into forget path and return path, float64, (B, T, S) each.
+
+    ``measured`` = forget_path + return_path up to float rounding of the traced values;
+    all three are zero before p; at p the forget path is δs_p and the return path zero.
+    None for a plain RNN, which has no keep gate.
+    """
+    keep = trace.keep_gate
+    if keep is None:
+        return None
+    s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
+    f, f2 = (pooled(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
+    if trace.cell == "lstm":
+        i, g = (pooled(trace, k).double() for k in "ig")
+        i2, g2 = (pooled(perturbed, k).double() for k in "ig")
+        entry = i * g  # (B, T, S): what the unperturbed cell writes
+        entry2 = i2 * g2
+    else:  # GRU: h' = (1 − z) ⊙ n + z ⊙ h
+        entry = (1 - f) * pooled(trace, "n").double()
+        entry2 = (1 - f2) * pooled(perturbed, "n").double()
+    measured = s2 - s  # (B, T, S)
+    measured[:, :position] = 0.0
+    forget = torch.zeros_like(measured)
+    ret = torch.zeros_like(measured)
+    forget[:, position] = measured[:, position]
+    for t in range(position + 1, s.shape[1]):
+        u = (f2[:, t] - f[:, t]) * s2[:, t - 1] + entry2[:, t] - entry[:, t]  # (B, S)
+        forget[:, t] = f[:, t] * forget[:, t - 1]
+        ret[:, t] = f[:, t] * ret[:, t - 1] + u
+    return {"measured": measured, "forget_path": forget, "return_path": ret}
+
+
+def _ratio_curve(delta: Tensor, position: int, keep: Tensor,
+                 base: Tensor | None = None) -> np.ndarray:
+    """mean over kept windows of ‖δ_{p+k}‖ / ‖base‖ for k = 0 … T−1−p, float64.
+
+    ``base`` (B, S) defaults to δ_p; the two paths are measured against the measured δs_p.
+    """
+    norms = delta[:, position:].double().norm(dim=-1)  # (B, T−p)
+    base = (delta[:, position] if base is None else base).double().norm(dim=-1)  # (B,)
+    ratio = norms[keep] / base[keep, None]  # (n, T−p)
+    return ratio.mean(dim=0).numpy() if ratio.shape[0] else np.full(norms.shape[1], np.nan)
+
+
+@dataclass
+class PerturbationDecay:
+    """Decay of a one-character perturbation.
+
+    Attributes:
+        position: p. n: windows measured (those with δs_p ≠ 0). state: "c" or "h".
+        lags: reported lags (p + k < T). measured / forget_only / return_path: r(k), a(k)
+            and the return path's ‖·‖ ratio at those lags (the last two None for an RNN).
+        measured_h: the same ratio for δh (equal to ``measured`` for GRU and RNN).
+        curves: "measured", "forget_path", "return_path" at every lag 0 … T−1−p (plots).
+        max_abs_residual: max |measured − forget path − return path| (None for an RNN).
+    """
+
+    position: int
+    n: int
+    state: str
+    lags: list[int]
+    measured: list[float]
+    forget_only: list[float] | None
+    return_path: list[float] | None
+    measured_h: list[float]
+    curves: dict[str, np.ndarray] = field(repr=False)
+    max_abs_residual: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lags:
+            raise ValueError(f"no lag k with p + k < T at position {self.position}")
+        for name in ("measured", "forget_only", "return_path", "measured_h"):
+            v = getattr(self, name)
+            if v is not None and len(v) != len(self.lags):
+                raise ValueError(f"{name} has {len(v)} values for {len(self.lags)} lags")
+        if (self.forget_only is None) != (self.return_path is None):
+            raise ValueError("forget_only and return_path come together")
+
+    @property
+    def max_lag(self) -> int:
+        return self.lags[-1]
+
+    @property
+    def half_life_measured(self) -> float:
+        """t½ = K · ln 0.5 / ln r(K), in characters."""
+        return self.max_lag * half_life(self.measured[-1])
+
+    @property
+    def half_life_forget_only(self) -> float | None:
+        if self.forget_only is None:
+            return None
+        return self.max_lag * half_life(self.forget_only[-1])
+
+    @property
+    def ratio_at_max_lag(self) -> float | None:
+        """r(K) / a(K): how much longer the difference survives than the forget gate alone."""
+        if self.forget_only is None:
+            return None
+        a = self.forget_only[-1]
+        return math.inf if a == 0 else self.measured[-1] / a
+
+    def to_dict(self) -> dict:
+        """report.json's "perturbation" (plus return_path, measured_h and state)."""
+        return {"position": self.position, "n": self.n, "lags": list(self.lags),
+                "measured": [finite_or_none(v) for v in self.measured],
+                "forget_only": None if self.forget_only is None else
+                [finite_or_none(v) for v in self.forget_only],
+                "half_life_measured": finite_or_none(self.half_life_measured),
+                "half_life_forget_only": finite_or_none(self.half_life_forget_only),
+                "ratio_at_max_lag": finite_or_none(self.ratio_at_max_lag),
+                "return_path": None if self.return_path is None else
+                [finite_or_none(v) for v in self.return_path],
+                "measured_h": [finite_or_none(v) for v in self.measured_h],
+                "state": self.state}
+
+
+def perturbation_decay(trace: Trace, perturbed: Trace, position: int,
+                       lags: tuple[int, ...] = LAGS,
+                       decomposition: dict[str, Tensor] | None = None) -> PerturbationDecay:
+    """Measured and forget-only decay of the perturbation at ``position``.
+
+    ``decomposition`` may pass a :func:`decompose` result already computed.
+    """
+    s, s2 = (pooled(t, trace.state_name) for t in (trace, perturbed))  # (B, T, S)
+    if s.shape != s2.shape:
+        raise ValueError(f"traces differ in shape: {tuple(s.shape)} vs {tuple(s2.shape)}")
+    T = s.shape[1]
+    ks = report_lags(position, T, lags)
+    if not 0 <= position or not ks:
+        raise ValueError(f"perturbation position {position} leaves no lag in windows of {T}")
+    delta = s2.double() - s.double()  # (B, T, S)
+    keep = delta[:, position].norm(dim=-1) > 0  # (B,)
+    measured = _ratio_curve(delta, position, keep)  # (T−p,)
+    h, h2 = (pooled(t, "h") for t in (trace, perturbed))  # (B, T, H_out)
+    measured_h = _ratio_curve(h2.double() - h.double(), position, keep)
+    curves = {"measured": measured}
+    forget_only = return_path = residual = None
+    if decomposition is None:
+        decomposition = decompose(trace, perturbed, position)
+    if decomposition is not None:
+        base = delta[:, position]  # (B, S): ‖δs_p‖ is the unit of every curve
+        for name in ("forget_path", "return_path"):
+            curves[name] = _ratio_curve(decomposition[name], position, keep, base)
+        forget_only = [float(curves["forget_path"][k]) for k in ks]
+        return_path = [float(curves["return_path"][k]) for k in ks]
+        total = decomposition["forget_path"] + decomposition["return_path"]
+        residual = float((decomposition["measured"] - total).abs().max())
+    return PerturbationDecay(
+        position=position, n=int(keep.sum()), state=trace.state_name, lags=ks,
+        measured=[float(measured[k]) for k in ks], forget_only=forget_only,
+        return_path=return_path, measured_h=[float(measured_h[k]) for k in ks],
+        curves=curves, max_abs_residual=residual)

@@ -1,0 +1,1 @@
+"""Reports of an analysis: report.json (``json_report``), report.md (``markdown``), plots."""

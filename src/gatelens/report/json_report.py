@@ -1,0 +1,133 @@
+"""report.json, version 1 (DESIGN.md): assembling it, its schema, reading the history.
+
+Keys that do not apply to a cell are null, never missing; infinities are null (JSON has
+no inf). Extra keys beside DESIGN.md's: "pooling", "baseline.step", "shift_from_init",
+"decomposition", "history", "units.per_unit", "perturbation.return_path" and
+"perturbation.measured_h".
+
+>>> null_units(650)["n_units"], null_units(650)["forget_mean"]
+(650, None)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from importlib import resources
+from pathlib import Path
+
+from ..analysis.classes import CharClasses
+from ..analysis.gates import GateDistributions
+from ..analysis.perturbation import PerturbationDecay
+from ..analysis.units import UnitTimescales
+from ..analysis.verification import Verification
+from ..io import atomic_write_json
+
+VERSION = 1
+POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
+           "every layer's state concatenated, each scaled by its own layer's keep gate")
+
+
+def schema() -> dict:
+    """The JSON schema of report.json v1 (``gatelens/report/schema.json``).
+
+    >>> schema()["properties"]["version"]
+    {'const': 1}
+    """
+    return json.loads(resources.files(__package__).joinpath("schema.json").read_text("utf-8"))
+
+
+def null_units(n_units: int) -> dict:
+    """The "units" table of a cell without a keep gate (plain RNN): every figure null."""
+    return {"gate": None, "init_value": None, "n_units": n_units, "below_init": None,
+            "half_life_ge_10": None, "forget_mean": None, "half_life": None, "per_unit": None}
+
+
+def units_dict(units: UnitTimescales | None, n_units: int) -> dict:
+    return null_units(n_units) if units is None else units.to_dict()
+
+
+def read_history(run: Path) -> dict | None:
+    """Validation loss over training from RUN/history.csv (rows with a val_loss), or None.
+
+    Returns {"step": [...], "val_loss": [...], "train_step": [...], "train_loss": [...]}.
+    """
+    path = Path(run) / "history.csv"
+    if not path.exists():
+        return None
+    out: dict[str, list] = {"step": [], "val_loss": [], "train_step": [], "train_loss": []}
+    with open(path, newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            try:
+                step = int(row["step"])
+                if row.get("val_loss"):
+                    out["step"].append(step)
+                    out["val_loss"].append(float(row["val_loss"]))
+                if row.get("train_loss"):
+                    out["train_step"].append(step)
+                    out["train_loss"].append(float(row["train_loss"]))
+            except (KeyError, ValueError):
+                continue  # a malformed row is left out of the plot, not fatal
+    return out if out["step"] or out["train_step"] else None
+
+
+def decomposition_summary(decay: PerturbationDecay) -> dict | None:
+    """Forget path and return path (‖·‖ / ‖δs_p‖) at the reported lags, with the residual."""
+    if decay.forget_only is None:
+        return None
+    return {"lags": list(decay.lags), "forget_path": list(decay.forget_only),
+            "return_path": list(decay.return_path or []),
+            "max_abs_residual": decay.max_abs_residual}
+
+
+def build_report(*, model: dict, text: dict, verification: Verification | None,
+                 gates: GateDistributions, units: UnitTimescales | None,
+                 perturbation: PerturbationDecay, char_classes: CharClasses,
+                 baseline: tuple[GateDistributions, UnitTimescales | None, int] | None,
+                 n_units: int, history: dict | None = None) -> dict:
+    """Assemble report.json from the measurement results.
+
+    ``model``: {"cell", "hidden", "layers", "step", ...}; ``text``: {"windows", "length",
+    "source"}; ``baseline``: (gates, units, step) of the untrained model, or None.
+    """
+    ver = verification.to_dict() if verification is not None else {
+        "max_abs_diff_h": None, "max_abs_diff_c": None}
+    shift = None
+    base = None
+    if baseline is not None:
+        b_gates, b_units, b_step = baseline
+        base = {"step": b_step, "gates": b_gates.to_dict(), "units": units_dict(b_units, n_units)}
+        if units is not None and b_units is not None:
+            from ..analysis.units import shift_from_init
+
+            shift = shift_from_init(units, b_units)
+    report = {
+        "version": VERSION,
+        "model": dict(model),
+        "text": dict(text),
+        "verification": ver,
+        "gates": gates.to_dict(),
+        "units": units_dict(units, n_units),
+        "perturbation": perturbation.to_dict(),
+        "char_classes": char_classes.to_dict(),
+        "baseline": base,
+        "shift_from_init": shift,
+        "decomposition": decomposition_summary(perturbation),
+        "history": history,
+        "pooling": POOLING,
+    }
+    check_report(report)
+    return report
+
+
+def check_report(report: dict) -> None:
+    """Cheap structural check of DESIGN.md's keys (the full schema is checked in tests)."""
+    for key in schema()["required"]:
+        if key not in report:
+            raise ValueError(f"report.json lacks {key!r}")
+    json.dumps(report, allow_nan=False)  # no inf / nan may slip through
+
+
+def write_report_json(path: Path, report: dict) -> None:
+    """Write report.json atomically (allow_nan=False: infinities must already be null)."""
+    atomic_write_json(path, report)

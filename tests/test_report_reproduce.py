@@ -1,0 +1,68 @@
+"""``reproduce`` on a tiny corpus: trains, analyses, compares, and resumes."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from gatelens.errors import GatelensError
+from gatelens.reproduce import SEED_FIGURES, agrees, reproduce
+
+TINY = {"lstm": {"hidden": 8, "steps": 10, "batch": 4, "seq": 24, "eval_every": 5,
+                 "val_windows": 2},
+        "gru": {"hidden": 6, "steps": 6, "batch": 4, "seq": 24, "eval_every": 3,
+                "val_windows": 2},
+        "rnn": {"hidden": 6, "steps": 6, "batch": 4, "seq": 24, "eval_every": 3,
+                "val_windows": 2}}
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    rng = random.Random(1)
+    words = ["to", "be", "or", "not", "that", "is", "the", "question"]
+    p = tmp_path / "c.txt"
+    p.write_text("\n".join(" ".join(rng.choice(words) for _ in range(6)) for _ in range(150)),
+                 encoding="utf-8")
+    return p
+
+
+def test_reproduce_tiny_and_resume(tmp_path, corpus):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path / "rep"
+        res = reproduce(out, corpus=str(corpus), sizes=TINY, windows=2, length=40,
+                        perturb_pos=4, progress=False)
+        again = reproduce(out, corpus=str(corpus), sizes=TINY, windows=2, length=40,
+                          perturb_pos=4, progress=False)
+        on_disk = json.loads((out / "reproduce.json").read_text())
+        md = (out / "reproduce.md").read_text()
+        longer = reproduce(out, corpus=str(corpus), sizes={"rnn": {**TINY["rnn"], "steps": 9}},
+                           windows=2, length=40, perturb_pos=4, progress=False)
+    finally:
+        torch.set_num_threads(n)
+    assert {c: r["how"] for c, r in res["runs"].items()} == {
+        "lstm": "trained", "gru": "trained", "rnn": "trained"}
+    assert {r["how"] for r in again["runs"].values()} == {"reused"}
+    assert again["comparison"] == res["comparison"]
+    assert longer["runs"]["rnn"]["how"] == "resumed" and longer["runs"]["rnn"]["steps_done"] == 9
+    assert set(longer["runs"]) == {"rnn"}
+    assert on_disk["seed"] == SEED_FIGURES
+    rows = {r["figure"]: r for r in on_disk["comparison"]}
+    assert rows["f mean"]["seed"] == 0.495 and rows["f mean"]["lstm"] is not None
+    assert rows["per-unit mean f: median"]["rnn"] is None  # a plain RNN has no forget gate
+    assert rows["measured at lag 4"]["gru"] is not None
+    assert "beside ours" in md and "| f mean | 0.495 |" in md
+    assert [s["cell"] for s in on_disk["series"]] == ["lstm", "gru", "rnn"]
+    with pytest.raises(GatelensError, match="other settings"):
+        reproduce(out, corpus=str(corpus), sizes={"lstm": {**TINY["lstm"], "hidden": 9}},
+                  windows=2, length=40, perturb_pos=4, progress=False)
+
+
+def test_agrees_rule():
+    assert agrees("x", 100, 109) and not agrees("x", 100, 111)
+    assert agrees("units with half-life ≥ 10", 0, 0) and not agrees("y", 0, 1)
+    assert agrees("max |h_hand − h_torch|", 6.85e-07, 2e-5) is False
