@@ -56,6 +56,9 @@ def test_reproduce_tiny_and_resume(tmp_path, corpus):
     assert rows["per-unit mean f: median"]["rnn"] is None  # a plain RNN has no forget gate
     assert rows["measured at lag 4"]["gru"] is not None
     assert "beside ours" in md and "| f mean | 0.495 |" in md
+    for cell in ("lstm", "gru", "rnn"):  # every analysis has its page, linked from the summary
+        assert (out / "analysis" / cell / "report.html").is_file()
+        assert f"(analysis/{cell}/report.html)" in md
     assert [s["cell"] for s in on_disk["series"]] == ["lstm", "gru", "rnn"]
     with pytest.raises(GatelensError, match="other settings"):
         reproduce(out, corpus=str(corpus), sizes={"lstm": {**TINY["lstm"], "hidden": 9}},

@@ -271,7 +271,9 @@ def render_reproduce(result: dict) -> str:
     lines += ["", "The seed's third series claim (a larger forget bias reached the whole "
               "context while loss got worse) needs a further training run with --forget-bias; "
               "reproduce does not train it.", "",
-              "Per-cell reports: " + ", ".join(f"[{c}](analysis/{c}/report.md)" for c in cells),
+              "Per-cell reports: " + ", ".join(f"[{c}](analysis/{c}/report.md)" for c in cells)
+              + "; pages to open in a browser: "
+              + ", ".join(f"[{c}](analysis/{c}/report.html)" for c in cells),
               ""]
     return "\n".join(lines)
 
