@@ -21,12 +21,14 @@ the permutation is a re-indexing of weights, not a change of arithmetic.
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 #: ATen's mode string of each module -> gatelens cell name.
 CELL_OF_MODE = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -294,19 +296,37 @@ def run_stack(module: nn.RNNBase, x: Tensor, h0: Tensor, c0: Tensor | None,
     return bufs, torch.stack(h_n), (torch.stack(c_n) if c_n else None)
 
 
-def single_layer(module: nn.RNNBase, layer: int) -> nn.RNNBase:
-    """A fresh one-layer module (eval, sequence first) holding copies of ``layer``'s weights."""
-    kw = dict(bias=module.bias, bidirectional=module.bidirectional)
+def copy_layers(module: nn.RNNBase, start: int, count: int, batch_first: bool) -> nn.RNNBase:
+    """A fresh module of the same class (eval) holding copies of layers start … start+count−1.
+
+    The user's module is only read; verification and the parallel path run the copy.
+    """
+    kw = dict(num_layers=count, bias=module.bias, batch_first=batch_first,
+              bidirectional=module.bidirectional)
     if isinstance(module, nn.LSTM):
         kw["proj_size"] = module.proj_size
     if isinstance(module, nn.RNN):
         kw["nonlinearity"] = module.nonlinearity
-    w = getattr(module, f"weight_ih_l{layer}")
+    w = getattr(module, f"weight_ih_l{start}")
     fresh = type(module)(w.shape[1], module.hidden_size, **kw).to(w.device, w.dtype).eval()
     with torch.no_grad():
         for name, p in fresh.named_parameters():
-            p.copy_(getattr(module, name.replace("_l0", f"_l{layer}")))
+            k = int(re.search(r"_l(\d+)", name).group(1))
+            p.copy_(getattr(module, re.sub(r"_l\d+", f"_l{start + k}", name, count=1)))
     return fresh
+
+
+def output_batch_first(module: nn.RNNBase, output: tuple) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A module's (output, state) as output (B, T, D*H_out), h_n and c_n (None but LSTM)."""
+    out, hn = output
+    if isinstance(out, PackedSequence):
+        out, _ = pad_packed_sequence(out, batch_first=True)
+    elif out.ndim == 2:  # unbatched
+        out = out.unsqueeze(0)
+    elif not module.batch_first:
+        out = out.transpose(0, 1)
+    h_n, c_n = hn if isinstance(hn, tuple) else (hn, None)
+    return out, h_n, c_n
 
 
 def run_stack_parallel(module: nn.RNNBase, x: Tensor, h0: Tensor,
@@ -327,7 +347,7 @@ def run_stack_parallel(module: nn.RNNBase, x: Tensor, h0: Tensor,
         state = (hx, c0[ks].transpose(1, 2).contiguous()) if cell == "lstm" else hx
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*projections is not supported with oneDNN")
-            out, _ = single_layer(module, layer)(x, state)  # (T, B, D*H_out)
+            out, _ = copy_layers(module, layer, 1, batch_first=False)(x, state)  # (T, B, D*H_out)
         H_out = out.shape[-1] // D
         for d in range(D):
             reverse, k = d == 1, layer * D + d

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
+from gatelens.cells import output_batch_first
 from gatelens.trace import trace
 from gatelens.trace_types import Trace
 
@@ -80,17 +80,10 @@ def _split_call(args: tuple, kwargs: dict) -> tuple[Any, Any]:
 
 def _output_diff(module: nn.RNNBase, tr: Trace, output: Any) -> float:
     """Max |trace − module| over the last layer's output and the final states."""
-    out, hn = output
-    if isinstance(out, PackedSequence):
-        out, _ = pad_packed_sequence(out, batch_first=True)
-    elif out.ndim == 2:
-        out = out.unsqueeze(0)
-    elif not module.batch_first:
-        out = out.transpose(0, 1)
+    out, h_n, c_n = output_batch_first(module, output)
     k = module.num_layers - 1
     mine = [tr[f"layer{k}.h"]] + ([tr[f"layer{k}.reverse.h"]] if module.bidirectional else [])
     diffs = [(torch.cat(mine, -1)[:, : out.shape[1]] - out).abs().max()]
-    h_n, c_n = hn if isinstance(hn, tuple) else (hn, None)
     diffs.append((tr.h_n - h_n).abs().max())
     if c_n is not None:
         diffs.append((tr.c_n - c_n).abs().max())

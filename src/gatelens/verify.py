@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
-from gatelens.cells import faithful_matmul
+from gatelens.cells import copy_layers, faithful_matmul, output_batch_first
 from gatelens.trace import State, check_module
 from gatelens.trace import trace as trace_fn
 from gatelens.trace_types import Trace
@@ -76,32 +76,7 @@ def _run_torch(module: nn.RNNBase, inputs: Tensor | PackedSequence,
     with torch.no_grad(), warnings.catch_warnings():
         # oneDNN cannot do projections and says so; the fallback is PyTorch's own path.
         warnings.filterwarnings("ignore", message=".*projections is not supported with oneDNN")
-        out, hn = module(inputs, state)
-    if isinstance(out, PackedSequence):
-        out, _ = pad_packed_sequence(out, batch_first=True)
-    elif out.ndim == 2:
-        out = out.unsqueeze(0)
-    elif not module.batch_first:
-        out = out.transpose(0, 1)
-    h_n, c_n = hn if isinstance(hn, tuple) else (hn, None)
-    return out, h_n, c_n
-
-
-def _prefix_module(module: nn.RNNBase, k: int) -> nn.RNNBase:
-    """A fresh module of the same class with the first k layers' weights (copies), eval."""
-    kwargs = dict(input_size=module.input_size, hidden_size=module.hidden_size, num_layers=k,
-                  bias=module.bias, batch_first=module.batch_first,
-                  bidirectional=module.bidirectional)
-    if isinstance(module, nn.LSTM):
-        kwargs["proj_size"] = module.proj_size
-    if isinstance(module, nn.RNN):
-        kwargs["nonlinearity"] = module.nonlinearity
-    w = module.weight_ih_l0
-    fresh = type(module)(**kwargs).to(device=w.device, dtype=w.dtype).eval()
-    with torch.no_grad():
-        for name, p in fresh.named_parameters():
-            p.copy_(getattr(module, name))
-    return fresh
+        return output_batch_first(module, module(inputs, state))
 
 
 def _slice_state(state: State, rows: int) -> State:
@@ -127,7 +102,7 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     layers = []
     with faithful_matmul(module.weight_ih_l0.device):
         for k in range(L):
-            ref = module if k == L - 1 else _prefix_module(module, k + 1)
+            ref = module if k == L - 1 else copy_layers(module, 0, k + 1, module.batch_first)
             out, h_n, c_n = _run_torch(ref, inputs, _slice_state(state, (k + 1) * D))
             H_out = out.shape[-1] // D
             for d in range(D):
