@@ -69,3 +69,28 @@ def test_agrees_rule():
     assert agrees("x", 100, 109) and not agrees("x", 100, 111)
     assert agrees("units with half-life ≥ 10", 0, 0) and not agrees("y", 0, 1)
     assert agrees("max |h_hand − h_torch|", 6.85e-07, 2e-5) is False
+
+
+def test_forget_bias_study(tmp_path, corpus):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path / "rep"
+        res = reproduce(out, corpus=str(corpus), sizes={"lstm": TINY["lstm"]}, windows=2,
+                        length=40, perturb_pos=4, progress=False, forget_bias=2.5)
+    finally:
+        torch.set_num_threads(n)
+    study = res["forget_bias"]
+    assert study["forget_bias"] == 2.5 and study["how"] == "trained"
+    run = json.loads((out / "runs" / "lstm-forget-bias" / "config.json").read_text())
+    assert run["train"]["forget_bias"] == 2.5 and run["train"]["hidden"] == TINY["lstm"]["hidden"]
+    biased = json.loads((out / "analysis" / "lstm-forget-bias" / "report.json").read_text())
+    assert study["biased"]["half_life_measured"] == biased["perturbation"]["half_life_measured"]
+    assert biased["units"]["init_value"] == pytest.approx(1 / (1 + 2.718281828459045 ** -2.5))
+    assert study["loss_worse"] == (study["best_val_loss_biased"] > study["best_val_loss_plain"])
+    md = (out / "reproduce.md").read_text()
+    assert "## Forget bias 2.5" in md and "| best validation loss |" in md
+    plain = reproduce(tmp_path / "p", corpus=str(corpus), sizes={"lstm": TINY["lstm"]},
+                      windows=2, length=40, perturb_pos=4, progress=False)
+    assert plain["forget_bias"] is None
+    assert "--forget-bias 3" in (tmp_path / "p" / "reproduce.md").read_text()

@@ -67,7 +67,9 @@ DEFAULT_SIZES: dict[str, dict] = {
     "rnn": {"hidden": 325, "steps": 800},
 }
 CELLS = ("lstm", "gru", "rnn")
-_CHECKED = ("corpus", "cell", "hidden", "layers", "steps", "batch", "seq", "seed")
+_CHECKED = ("corpus", "cell", "hidden", "layers", "steps", "batch", "seq", "seed", "lr",
+            "forget_bias", "chrono")
+FORGET_BIAS_RUN = "lstm-forget-bias"  # the optional fourth run of `reproduce --forget-bias B`
 
 __all__ = ["DEFAULT_SIZES", "SEED_FIGURES", "add_arguments", "main_from_args", "reproduce"]
 
@@ -209,6 +211,56 @@ def compare(reports: dict[str, dict], runs: dict[str, dict]) -> dict:
     return {"agree_rel": AGREE_REL, "comparison": rows, "series": series}
 
 
+def forget_bias_study(bias: float, plain: dict, biased: dict, plain_best: dict | None,
+                      biased_best: dict | None, how: str = "trained") -> dict:
+    """The seed's third series claim, as figures: does a larger forget bias keep the
+    perturbation across the whole window, and at what cost in validation loss?
+
+    >>> rep = lambda hl, a32, med: {"perturbation": {"half_life_measured": hl,
+    ...     "measured": [a32], "lags": [32]}, "units": {"half_life": {"median": med}},
+    ...     "text": {"length": 128}}
+    >>> s = forget_bias_study(3.0, rep(8.8, 0.08, 1.7), rep(40.0, 0.6, 9.0),
+    ...                       {"val_loss": 1.94}, {"val_loss": 2.01})
+    >>> s["reaches_window"], s["loss_worse"]
+    (False, True)
+    """
+    def fig(rep: dict) -> dict:
+        p = rep["perturbation"]
+        return {"half_life_measured": p["half_life_measured"],
+                "measured_at_max_lag": p["measured"][-1], "max_lag": p["lags"][-1],
+                "median_unit_half_life": rep["units"]["half_life"]["median"]}
+    after = fig(biased)
+    length = biased["text"]["length"]
+    hl = after["half_life_measured"]  # None: infinite (the difference never shrank)
+    return {"forget_bias": bias, "how": how, "plain": fig(plain), "biased": after,
+            "window_length": length,
+            "reaches_window": hl is None or hl >= length,
+            "best_val_loss_plain": (plain_best or {}).get("val_loss"),
+            "best_val_loss_biased": (biased_best or {}).get("val_loss"),
+            "loss_worse": None if not (plain_best and biased_best) else
+            biased_best["val_loss"] > plain_best["val_loss"]}
+
+
+def _render_forget_bias(study: dict) -> list[str]:
+    p, b = study["plain"], study["biased"]
+    rows = [("perturbation half-life (characters)", "half_life_measured"),
+            ("measured r(K) at the largest lag", "measured_at_max_lag"),
+            ("median unit half-life", "median_unit_half_life")]
+    lines = ["", f"## Forget bias {fmt(study['forget_bias'])}: the seed's third claim", "",
+             "| figure | LSTM | LSTM, forget bias " + fmt(study["forget_bias"]) + " |",
+             "|---|---|---|"]
+    lines += [f"| {label} | {fmt(p[k])} | {fmt(b[k])} |" for label, k in rows]
+    lines.append(f"| best validation loss | {fmt(study['best_val_loss_plain'])} | "
+                 f"{fmt(study['best_val_loss_biased'])} |")
+    reach = ("reaches" if study["reaches_window"] else "does not reach")
+    worse = {True: "worse", False: "not worse", None: "not compared"}[study["loss_worse"]]
+    lines += ["", f"Reading: with the forget bias the perturbation half-life {reach} the "
+              f"{study['window_length']}-character window, and validation loss is {worse} "
+              "(the seed: a larger forget bias reached the whole context while loss got "
+              "worse)."]
+    return lines
+
+
 def render_reproduce(result: dict) -> str:
     """reproduce.md: the seed's figures beside ours, what differs, and why it may."""
     runs = result["runs"]
@@ -268,9 +320,13 @@ def render_reproduce(result: dict) -> str:
                    "that the last step is the bottom of validation loss (the seed: 800 steps "
                    "was)." if lstm["best_is_last"] else
                    "validation loss rose after it (the seed: 800 steps was the bottom).")]
-    lines += ["", "The seed's third series claim (a larger forget bias reached the whole "
-              "context while loss got worse) needs a further training run with --forget-bias; "
-              "reproduce does not train it.", "",
+    if result.get("forget_bias"):
+        lines += _render_forget_bias(result["forget_bias"])
+    else:
+        lines += ["", "The seed's third series claim (a larger forget bias reached the whole "
+                  "context while loss got worse) needs a fourth training run: "
+                  "`gatelens reproduce --forget-bias 3` adds it."]
+    lines += ["",
               "Per-cell reports: " + ", ".join(f"[{c}](analysis/{c}/report.md)" for c in cells)
               + "; pages to open in a browser: "
               + ", ".join(f"[{c}](analysis/{c}/report.html)" for c in cells),
@@ -280,11 +336,13 @@ def render_reproduce(result: dict) -> str:
 
 def reproduce(out: str | Path, *, corpus: str = "shakespeare",
               sizes: dict[str, dict] | None = None, windows: int = 32, length: int = 128,
-              perturb_pos: int = 32, progress: bool = True) -> dict:
+              perturb_pos: int = 32, progress: bool = True,
+              forget_bias: float | None = None) -> dict:
     """Train (or reuse), analyse and compare the three cells; returns reproduce.json's content.
 
     ``sizes`` maps a cell to TrainConfig overrides (default :data:`DEFAULT_SIZES`); tests
-    pass a tiny corpus and tiny sizes.
+    pass a tiny corpus and tiny sizes. ``forget_bias`` adds the seed's forget-bias study: a
+    fourth LSTM, the same as the first but with that total forget bias, set beside it.
     """
     out = Path(out)
     sizes = DEFAULT_SIZES if sizes is None else sizes
@@ -314,9 +372,23 @@ def reproduce(out: str | Path, *, corpus: str = "shakespeare",
             "train_seconds_recorded": _history_seconds(run),
             "seconds_this_call": {"train": round(t_train, 2), "analyze": round(t_analyze, 2)},
         }
+    study = None
+    if forget_bias is not None:
+        if "lstm" not in sizes:
+            raise GatelensError("reproduce: --forget-bias compares with the LSTM; train it too")
+        cfg = TrainConfig(corpus=corpus, cell="lstm", forget_bias=forget_bias,
+                          **sizes["lstm"]).validate()
+        run = out / "runs" / FORGET_BIAS_RUN
+        _say(progress, f"lstm with forget bias {forget_bias}: {cfg.hidden} units, "
+                       f"{cfg.steps} steps -> {run}")
+        how = ensure_run(cfg, run, progress)
+        a = analyze(run, windows=windows, length=length, perturb_pos=perturb_pos,
+                    out=out / "analysis" / FORGET_BIAS_RUN, progress=progress)
+        study = forget_bias_study(forget_bias, reports["lstm"], a.report,
+                                  runs["lstm"]["best"], read_config(run).get("best"), how)
     result = {"version": 1, "corpus": corpus, "windows": windows, "length": length,
               "perturb_pos": perturb_pos, "seed": SEED_FIGURES, "runs": runs,
-              **compare(reports, runs)}
+              **compare(reports, runs), "forget_bias": study}
     atomic_write_json(out / "reproduce.json", result)
     atomic_write_text(out / "reproduce.md", render_reproduce(result))
     _say(progress, f"wrote {out / 'reproduce.md'} and reproduce.json")
@@ -329,11 +401,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output directory (default runs/reproduce); rerun to resume")
     parser.add_argument("--corpus", default="shakespeare",
                         help="corpus name or text file (default: shakespeare, the seed's setup)")
+    parser.add_argument("--forget-bias", type=float, default=None, metavar="B",
+                        dest="forget_bias",
+                        help="also train the LSTM with total forget bias B and set it beside "
+                             "the plain one (the seed's forget-bias claim; ~2 more minutes)")
     parser.add_argument("--quiet", action="store_true", help="no progress messages")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``gatelens reproduce``; prints the path of reproduce.md."""
-    reproduce(args.out, corpus=args.corpus, progress=not args.quiet)
+    reproduce(args.out, corpus=args.corpus, progress=not args.quiet,
+              forget_bias=args.forget_bias)
     print(Path(args.out) / "reproduce.md")
     return 0
