@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import import_module
 
 from .config import TrainConfig
 from .errors import CheckFailed, GatelensError
@@ -115,19 +116,6 @@ def _cmd_verify(args) -> int:
     return 0
 
 
-def _add_analyze(sub) -> None:
-    from .analyze import add_arguments
-
-    add_arguments(sub.add_parser("analyze", help="measure a run: report.json, report.md, "
-                                 "plots, report.html"))
-
-
-def _cmd_analyze(args) -> int:
-    from .analyze import main_from_args
-
-    return main_from_args(args)
-
-
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="rebuild report.html from an analysis")
     p.add_argument("run", help="run directory (its analysis/) or an analysis directory")
@@ -149,22 +137,24 @@ def _cmd_report(args) -> int:
     return 0
 
 
-def _add_reproduce(sub) -> None:
-    from .reproduce import add_arguments
+def _delegated(name: str, module: str, help: str):
+    """A command whose flags and handler live in ``gatelens.<module>`` (``add_arguments``,
+    ``main_from_args``), imported only when used."""
+    def add(sub) -> None:
+        import_module(f"gatelens.{module}").add_arguments(sub.add_parser(name, help=help))
 
-    add_arguments(sub.add_parser("reproduce", help="the seed end to end on the default "
-                                 "corpus, beside the seed's figures"))
-
-
-def _cmd_reproduce(args) -> int:
-    from .reproduce import main_from_args
-
-    return main_from_args(args)
+    def run(args) -> int:
+        return import_module(f"gatelens.{module}").main_from_args(args)
+    return add, run
 
 
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
-            "verify": (_add_verify, _cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
-            "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce)}
+            "verify": (_add_verify, _cmd_verify),
+            "analyze": _delegated("analyze", "analyze", "measure a run: report.json, "
+                                  "report.md, plots, report.html"),
+            "report": (_add_report, _cmd_report),
+            "reproduce": _delegated("reproduce", "reproduce", "the seed end to end on the "
+                                    "default corpus, beside the seed's figures")}
 
 
 def build_parser() -> argparse.ArgumentParser:

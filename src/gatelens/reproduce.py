@@ -25,7 +25,7 @@ from .config import TrainConfig
 from .errors import GatelensError
 from .io import atomic_write_json, atomic_write_text
 from .report.markdown import fmt
-from .runs import read_config
+from .runs import history_rows, read_config
 
 #: The seed's published figures (LSTM, 325 units, 800 steps, 32 × 128 validation characters;
 #: corpus, optimiser and learning rate unknown). Half-lives and ratio as METHODS.md gives them.
@@ -116,13 +116,10 @@ def ensure_run(cfg: TrainConfig, run: Path, progress: bool = True) -> str:
 
 def _history_seconds(run: Path) -> float | None:
     """Training wall time recorded in history.csv (its last row's seconds)."""
-    path = run / "history.csv"
-    if not path.exists():
-        return None
-    rows = path.read_text(encoding="utf-8").strip().splitlines()
+    rows = history_rows(run)
     try:
-        return float(rows[-1].split(",")[3])
-    except (IndexError, ValueError):
+        return float(rows[-1]["seconds"])
+    except (IndexError, KeyError, ValueError):
         return None
 
 

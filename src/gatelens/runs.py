@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import re
@@ -54,6 +55,18 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise GatelensError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def history_rows(run: str | Path) -> list[dict[str, str]]:
+    """RUN/history.csv as rows of strings (step, train_loss, val_loss, seconds); [] if absent.
+
+    An empty field is a value not taken at that step (val_loss off evaluation steps).
+    """
+    path = Path(run) / HISTORY
+    if not path.exists():
+        return []
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
 
 
 def read_config(run: str | Path) -> dict:

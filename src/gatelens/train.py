@@ -38,6 +38,7 @@ from .runs import (
     HISTORY,
     WEIGHTS,
     checkpoint_path,
+    history_rows,
     read_config,
     read_weights,
     save_weights,
@@ -171,14 +172,6 @@ def _write_history(run: Path, rows: list[dict]) -> None:
     atomic_write_text(run / HISTORY, buf.getvalue())
 
 
-def _read_history(run: Path, upto: int) -> list[dict]:
-    path = run / HISTORY
-    if not path.exists():
-        return []
-    with open(path, newline="", encoding="utf-8") as fh:
-        return [r for r in csv.DictReader(fh) if int(r["step"]) <= upto]
-
-
 def _prepare_out(out: Path, resume: bool) -> None:
     if resume:
         if not (out / CONFIG).exists():
@@ -243,7 +236,7 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
     step, rows, elapsed = 0, [], 0.0
     if resume:
         step, elapsed = _restore(out, model, opt, gen, saved)
-        rows = _read_history(out, step)
+        rows = [r for r in history_rows(out) if int(r["step"]) <= step]
         config["best"], config["status"] = saved["best"], "running"
         config["versions"] = saved.get("versions", config["versions"])
     else:

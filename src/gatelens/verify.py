@@ -36,6 +36,16 @@ from gatelens.trace_types import Trace
 VERIFY_TOL = 1e-5
 
 
+def passes(diff_h: float, diff_c: float | None, tol: float = VERIFY_TOL) -> bool:
+    """The verification rule: |Δh| ≤ tol, and c's difference (scaled by max(1, |c|), see the
+    module docstring; None without a cell state) ≤ tol.
+
+    >>> passes(1e-7, None), passes(1e-7, 2e-5), passes(2e-5, None)
+    (True, False, False)
+    """
+    return diff_h <= tol and (diff_c is None or diff_c <= tol)
+
+
 @dataclass(frozen=True)
 class LayerDiff:
     """Max absolute differences of one layer and direction."""
@@ -62,8 +72,7 @@ class VerifyResult:
     @property
     def passed(self) -> bool:
         """h within ``tol``; c within ``tol`` scaled by max(1, |c|) (module docstring)."""
-        c = 0.0 if self.max_scaled_diff_c is None else self.max_scaled_diff_c
-        return self.max_abs_diff_h <= self.tol and c <= self.tol
+        return passes(self.max_abs_diff_h, self.max_scaled_diff_c, self.tol)
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (``passed`` included)."""

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from gatelens.analysis.common import finite_or_none
+from gatelens.analysis.units import half_life as analysis_half_life
+
 #: Signals whose values lie in [0, 1] (sigmoid) or [-1, 1] (tanh); others are unbounded.
 BOUNDED: dict[str, tuple[float, float]] = {
     "i": (0.0, 1.0), "f": (0.0, 1.0), "o": (0.0, 1.0), "r": (0.0, 1.0), "z": (0.0, 1.0),
@@ -71,16 +74,13 @@ def dequantize(enc: dict[str, Any]) -> np.ndarray:
 
 
 def half_life(a: float) -> float | None:
-    """t½ = ln 0.5 / ln a in characters (METHODS.md); None (infinite) for a >= 1.
+    """t½ = ln 0.5 / ln a in characters (METHODS.md), as the page stores it: None (JSON
+    null) for the infinite half-life of a >= 1.
 
     >>> round(half_life(0.494), 2), half_life(1.0), half_life(0.0)
     (0.98, None, 0.0)
     """
-    if a >= 1.0:
-        return None
-    if a <= 0.0:
-        return 0.0
-    return math.log(0.5) / math.log(a)
+    return finite_or_none(analysis_half_life(a))
 
 
 def _np(t: Any) -> np.ndarray:

@@ -11,7 +11,6 @@ no inf). Extra keys beside DESIGN.md's: "pooling", "baseline.step", "shift_from_
 
 from __future__ import annotations
 
-import csv
 import json
 from importlib import resources
 from pathlib import Path
@@ -22,6 +21,7 @@ from ..analysis.perturbation import PerturbationDecay
 from ..analysis.units import UnitTimescales
 from ..analysis.verification import Verification
 from ..io import atomic_write_json
+from ..runs import history_rows
 
 VERSION = 1
 POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
@@ -52,22 +52,18 @@ def read_history(run: Path) -> dict | None:
 
     Returns {"step": [...], "val_loss": [...], "train_step": [...], "train_loss": [...]}.
     """
-    path = Path(run) / "history.csv"
-    if not path.exists():
-        return None
     out: dict[str, list] = {"step": [], "val_loss": [], "train_step": [], "train_loss": []}
-    with open(path, newline="", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            try:
-                step = int(row["step"])
-                if row.get("val_loss"):
-                    out["step"].append(step)
-                    out["val_loss"].append(float(row["val_loss"]))
-                if row.get("train_loss"):
-                    out["train_step"].append(step)
-                    out["train_loss"].append(float(row["train_loss"]))
-            except (KeyError, ValueError):
-                continue  # a malformed row is left out of the plot, not fatal
+    for row in history_rows(run):
+        try:
+            step = int(row["step"])
+            if row.get("val_loss"):
+                out["step"].append(step)
+                out["val_loss"].append(float(row["val_loss"]))
+            if row.get("train_loss"):
+                out["train_step"].append(step)
+                out["train_loss"].append(float(row["train_loss"]))
+        except (KeyError, ValueError):
+            continue  # a malformed row is left out of the plot, not fatal
     return out if out["step"] or out["train_step"] else None
 
 
