@@ -22,3 +22,38 @@ def tiny_text(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.txt"
     path.write_text(make_text(), encoding="utf-8")
     return path
+
+
+def random_analysis(cell: str, windows: int = 5, length: int = 40, hidden: int = 12,
+                    perturb_pos: int = 8, seed: int = 3, layers: int = 1):
+    """A real ``measure`` of a random model (and a second one as its step 0) on real text.
+
+    The figures come from gatelens's own measurements, so the report and the page built
+    from it can be checked against the traces it holds.
+    """
+    import torch
+
+    from gatelens.analyze import measure
+
+    text = make_text(n_lines=60, seed=seed)
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([[index[c] for c in text[k * length:(k + 1) * length]]
+                        for k in range(windows)])  # (B, T)
+    cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[cell]
+    torch.manual_seed(seed)
+    model, untrained = (cls(len(chars), hidden, layers, batch_first=True) for _ in range(2))
+
+    def encode(i):
+        return torch.nn.functional.one_hot(i, len(chars)).float()
+
+    return measure(model, encode, ids, chars, perturb_pos=perturb_pos, seed=seed,
+                   baseline=(0, untrained, encode),
+                   model={"cell": cell, "hidden": hidden, "layers": layers, "step": 5},
+                   text={"windows": windows, "length": length, "source": "make_text"})
+
+
+@pytest.fixture(scope="session")
+def analysis_of():
+    """The ``random_analysis`` factory, for tests to call with their own sizes."""
+    return random_analysis

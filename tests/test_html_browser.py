@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gatelens.report.html import write_html
-from gatelens.report.html_demo import demo_analysis
+from gatelens.report.write import write_analysis
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -74,10 +74,9 @@ class Page:
 
 @pytest.fixture(scope="module", params=["lstm", "gru", "rnn_tanh"])
 def page(browser: Any, tmp_path_factory: pytest.TempPathFactory,
-         request: pytest.FixtureRequest) -> Iterator[Page]:
-    out = tmp_path_factory.mktemp(request.param)
-    a = demo_analysis(request.param, windows=6, length=T, hidden=24, perturb_pos=P, out=out,
-                      plots=request.param == "lstm")
+         request: pytest.FixtureRequest, analysis_of) -> Iterator[Page]:
+    a = analysis_of(request.param, windows=6, length=T, hidden=24, perturb_pos=P)
+    write_analysis(a, tmp_path_factory.mktemp(request.param))  # a real analysis, every file
     p = Page(browser, write_html(a, max_windows=3))
     p.analysis = a
     yield p

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from gatelens.report.html import HtmlReport, rebuild_html, render_html, write_html
+from gatelens.analyze import measure
+from gatelens.report.html import HtmlReport, rebuild_html, render_html
 from gatelens.report.html_data import dequantize, half_life, page_data, quantize
-from gatelens.report.html_demo import demo_analysis
-from gatelens.trace_types import Trace, gate_names
+from gatelens.report.write import write_analysis
+from gatelens.trace_types import gate_names
 
 
 def _tol(enc: dict) -> np.ndarray:
@@ -31,8 +32,8 @@ def _close(enc: dict, x: np.ndarray) -> None:
 
 
 @pytest.fixture(scope="module", params=["lstm", "gru", "rnn_tanh"])
-def small(request: pytest.FixtureRequest) -> SimpleNamespace:
-    return demo_analysis(request.param, windows=5, length=40, hidden=12, perturb_pos=8, seed=3)
+def small(request: pytest.FixtureRequest, analysis_of) -> SimpleNamespace:
+    return analysis_of(request.param, windows=5, length=40, hidden=12, perturb_pos=8, seed=3)
 
 
 def test_quantize_round_trip_within_bound() -> None:
@@ -54,7 +55,7 @@ def test_signals_and_texts_match_the_trace(small: SimpleNamespace) -> None:
     assert d["meta"]["shown"] == 3 and d["meta"]["n_windows"] == 5
     rows = small.windows[:3].tolist()
     assert d["texts"] == ["".join(small.chars[c] for c in row) for row in rows]
-    for label, tr in (("trained", small.trace), ("untrained", small.baseline)):
+    for label, tr in (("trained", small.trace), ("untrained", small.baseline.trace)):
         for s in d["meta"]["signals"]:
             _close(d["models"][label]["layer0"][s], tr[f"layer0.{s}"][:3].double().numpy())
 
@@ -63,7 +64,7 @@ def test_units_match_trace_and_report(small: SimpleNamespace) -> None:
     u = page_data(small)["units"]["layer0"]
     keep = small.trace.keep_gate or "h"
     mean = small.trace[f"layer0.{keep}"].double().mean(dim=(0, 1)).numpy()  # (H,)
-    init = small.baseline[f"layer0.{keep}"].double().mean(dim=(0, 1)).numpy()
+    init = small.baseline.trace[f"layer0.{keep}"].double().mean(dim=(0, 1)).numpy()
     np.testing.assert_allclose(u["mean"], mean, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(u["init"], init, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(u["shift"], mean - init, rtol=1e-5, atol=1e-6)
@@ -103,53 +104,49 @@ def test_perturbation_matches_decomposition(small: SimpleNamespace) -> None:
                                small.report["perturbation"]["measured"], rtol=1e-5)
 
 
-def test_two_layers_pool_the_state() -> None:
+def test_two_layers_pool_the_state(analysis_of) -> None:
+    a = analysis_of("gru", windows=3, length=10, hidden=4, perturb_pos=2, layers=2)
     b, t, h, p = 3, 10, 4, 2
-    g = torch.Generator().manual_seed(0)
-    names = gate_names("gru", 2)
-    tensors = {n: torch.rand(b, t, h, generator=g) for n in names}
-    tr = Trace("gru", 2, False, tensors)
-    d = torch.randn(b, t, 2 * h, generator=g, dtype=torch.float64)
-    a = SimpleNamespace(report={}, out=Path("."), run=Path("r"), chars=list("abc"),
-                        windows=torch.randint(0, 3, (b, t), generator=g),
-                        perturbed=torch.randint(0, 3, (b, t), generator=g), perturb_pos=p,
-                        trace=tr, baseline=tr, trace_perturbed=tr, plots=[],
-                        decomposition={"measured": d, "forget_path": d / 2, "return_path": d / 2})
     data = page_data(a)
     assert data["meta"]["layers"] == ["layer0", "layer1"]
-    _close(data["models"]["trained"]["layer1"]["n"], tensors["layer1.n"].double().numpy())
+    _close(data["models"]["trained"]["layer1"]["n"], a.trace["layer1.n"].double().numpy())
     assert data["perturb"]["paths"]["measured"]["shape"] == [b, t - p, 2 * h]
+    # layer 1's units are the second half of the pooled per-unit means
+    np.testing.assert_allclose(data["units"]["layer1"]["mean"], a.units.forget_means[h:],
+                               rtol=1e-5)
     assert render_html(data).count('class="ch"') == 0  # characters are drawn by the script
 
 
 def test_seed_size_page_within_5_mb(tmp_path: Path) -> None:
-    a = demo_analysis("lstm", out=tmp_path)  # B=32, T=128, H=325, V=85
-    assert (a.windows.shape, len(a.chars)) == (torch.Size([32, 128]), 85)
-    path = write_html(a)
-    size = path.stat().st_size
+    g = torch.Generator().manual_seed(0)
+    chars = [chr(32 + k) for k in range(84)] + ["\n"]  # V = 85
+    lstm = torch.nn.LSTM(85, 325, batch_first=True)  # the seed's size
+    ids = torch.randint(0, 85, (32, 128), generator=g)  # (B, T)
+    a = measure(lstm, lambda i: torch.nn.functional.one_hot(i, 85).float(), ids, chars)
+    write_analysis(a, tmp_path)  # report.json, report.md, plots and the page
+    size = (tmp_path / "report.html").stat().st_size
     print(f"seed-size report.html: {size / 1e6:.2f} MB")
-    assert size <= 4_500_000  # headroom for analyze's five plots (~0.2 MB in base64)
+    assert size <= 4_500_000
     data = json.loads((tmp_path / "page_data.json").read_text())
     assert 1 <= data["meta"]["shown"] < 32 and "report" not in data and "plots" not in data
-    assert data["plot_files"] == ["plots/gates.png", "plots/state.png"]
+    assert data["plot_files"] == [p.relative_to(tmp_path).as_posix() for p in a.plots]
 
 
-def test_page_is_self_contained(tmp_path: Path) -> None:
-    a = demo_analysis("lstm", windows=3, length=24, hidden=6, perturb_pos=4, out=tmp_path)
-    a.report["text"]["source"] = "</script><script>alert(1)</script>"
-    page = write_html(a).read_text()
+def test_page_is_self_contained(tmp_path: Path, analysis_of) -> None:
+    a = analysis_of("lstm", windows=3, length=24, hidden=6, perturb_pos=4)
+    a.text["source"] = "</script><script>alert(1)</script>"
+    page = write_analysis(a, tmp_path).out.joinpath("report.html").read_text()
     assert page.count("</script>") == 2  # the data block and the code, nothing injected
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert not re.search(r"@import|url\(\s*['\"]?(https?:)?//", page)
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count("data:image/png;base64,") == len(a.plots) >= 4
     block = re.search(r'<script id="gl-data" type="application/json">(.*?)</script>', page, re.S)
     assert json.loads(block.group(1))["report"]["text"]["source"].startswith("</script>")
 
 
-def test_rebuild_reproduces_the_page(tmp_path: Path) -> None:
-    a = demo_analysis("gru", windows=3, length=24, hidden=6, perturb_pos=4, out=tmp_path)
-    (tmp_path / "report.json").write_text(json.dumps(a.report))
-    first = write_html(a).read_text()
+def test_rebuild_reproduces_the_page(tmp_path: Path, analysis_of) -> None:
+    a = analysis_of("gru", windows=3, length=24, hidden=6, perturb_pos=4)
+    first = write_analysis(a, tmp_path).out.joinpath("report.html").read_text()
     (tmp_path / "report.html").unlink()
     assert rebuild_html(tmp_path).read_text() == first
     shown = HtmlReport.from_dir(tmp_path)._repr_html_()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from types import SimpleNamespace
 
 import jsonschema
 import numpy as np
@@ -14,13 +15,14 @@ from gatelens.analysis import (
     CharClasses,
     GateDistributions,
     PerturbationDecay,
-    Verification,
     summarize_units,
 )
+from gatelens.analyze import Baseline
 from gatelens.io import atomic_write_json
 from gatelens.report.json_report import build_report, read_history, schema
 from gatelens.report.markdown import render_markdown
 from gatelens.report.plots import write_plots
+from gatelens.verify import VerifyResult
 
 STATS = {"mean": 0.5, "p5": 0.1, "p25": 0.3, "p50": 0.5, "p75": 0.7, "p95": 0.9}
 
@@ -44,14 +46,15 @@ def report(cell: str = "lstm") -> dict:
     classes = CharClasses(None if rnn else "f",
                           {"space": None, "newline": None, "other": None if rnn else 0.5},
                           {"space": 0, "newline": 0, "other": 32})
-    return build_report(
+    c = None if cell != "lstm" else 2e-7
+    return build_report(SimpleNamespace(
         model={"cell": cell, "hidden": 3, "layers": 1, "step": 40},
         text={"windows": 4, "length": 8, "source": "test"},
-        verification=Verification(1e-7, None if cell != "lstm" else 2e-7), gates=gates,
+        verification=VerifyResult(cell, [], 1e-7, c, max_scaled_diff_c=c), gates=gates,
         units=units, perturbation=decay(rnn), char_classes=classes,
-        baseline=(gates, base_units, 0), n_units=3,
+        baseline=Baseline(0, None, gates, base_units),
         history={"step": [0, 20, 40], "val_loss": [4.0, 3.0, 3.1], "train_step": [1, 2],
-                 "train_loss": [4.1, 3.9]})
+                 "train_loss": [4.1, 3.9]}))
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
@@ -134,5 +137,3 @@ def test_results_check_their_shapes():
         GateDistributions("lstm", 10, {"f": {**STATS, "p5": 0.95}})  # unordered percentiles
     with pytest.raises(ValueError):
         PerturbationDecay(3, 1, "c", [1, 2], [0.5], None, None, [0.5, 0.2], {})
-    with pytest.raises(ValueError):
-        Verification(-1.0, None)

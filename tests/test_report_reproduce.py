@@ -8,8 +8,10 @@ import random
 import pytest
 import torch
 
+from gatelens import half_life
 from gatelens.errors import GatelensError
-from gatelens.reproduce import SEED_FIGURES, agrees, reproduce
+from gatelens.reproduce import reproduce
+from gatelens.seed_compare import SEED_FIGURES, agrees
 
 TINY = {"lstm": {"hidden": 8, "steps": 10, "batch": 4, "seq": 24, "eval_every": 5,
                  "val_windows": 2},
@@ -50,7 +52,7 @@ def test_reproduce_tiny_and_resume(tmp_path, corpus):
     assert again["comparison"] == res["comparison"]
     assert longer["runs"]["rnn"]["how"] == "resumed" and longer["runs"]["rnn"]["steps_done"] == 9
     assert set(longer["runs"]) == {"rnn"}
-    assert on_disk["seed"] == SEED_FIGURES
+    assert on_disk["seed"]["perturbation"]["ratio_at_max_lag"] == 10.6  # the seed's own text
     rows = {r["figure"]: r for r in on_disk["comparison"]}
     assert rows["f mean"]["seed"] == 0.495 and rows["f mean"]["lstm"] is not None
     assert rows["per-unit mean f: median"]["rnn"] is None  # a plain RNN has no forget gate
@@ -63,6 +65,20 @@ def test_reproduce_tiny_and_resume(tmp_path, corpus):
     with pytest.raises(GatelensError, match="other settings"):
         reproduce(out, corpus=str(corpus), sizes={"lstm": {**TINY["lstm"], "hidden": 9}},
                   windows=2, length=40, perturb_pos=4, progress=False)
+
+
+def test_seed_figures_obey_the_half_life_formula():
+    """The seed's half-lives follow from its own retention figures (docs/methods.md)."""
+    u, p = SEED_FIGURES["units"], SEED_FIGURES["perturbation"]
+    for k in ("min", "median", "max"):
+        assert half_life(u["forget_mean"][k]) == pytest.approx(u["half_life"][k], abs=0.01)
+    K = p["lags"][-1]
+    assert K * half_life(p["measured"][-1]) == pytest.approx(p["half_life_measured"], abs=0.05)
+    assert K * half_life(p["forget_only"][-1]) == pytest.approx(p["half_life_forget_only"],
+                                                               abs=0.05)
+    assert p["measured"][-1] / p["forget_only"][-1] == pytest.approx(p["ratio_at_max_lag"],
+                                                                    abs=0.06)
+    assert SEED_FIGURES["gates"]["n_values"] == 32 * 128 * 325
 
 
 def test_agrees_rule():
@@ -87,7 +103,10 @@ def test_forget_bias_study(tmp_path, corpus):
     biased = json.loads((out / "analysis" / "lstm-forget-bias" / "report.json").read_text())
     assert study["biased"]["half_life_measured"] == biased["perturbation"]["half_life_measured"]
     assert biased["units"]["init_value"] == pytest.approx(1 / (1 + 2.718281828459045 ** -2.5))
-    assert study["loss_worse"] == (study["best_val_loss_biased"] > study["best_val_loss_plain"])
+    plain_best = json.loads((out / "runs" / "lstm" / "config.json").read_text())["best"]
+    assert study["best_val_loss_biased"] == run["best"]["val_loss"]
+    assert study["best_val_loss_plain"] == plain_best["val_loss"]
+    assert study["loss_worse"] is (run["best"]["val_loss"] > plain_best["val_loss"])
     md = (out / "reproduce.md").read_text()
     assert "## Forget bias 2.5" in md and "| best validation loss |" in md
     plain = reproduce(tmp_path / "p", corpus=str(corpus), sizes={"lstm": TINY["lstm"]},

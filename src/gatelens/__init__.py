@@ -1,7 +1,9 @@
 """gatelens: open small recurrent language models.
 
 Every gate of nn.LSTM, nn.GRU and nn.RNN as a tensor, verified against PyTorch, and
-measurements of how long the model really remembers.
+measurements of how long the model really remembers. ``import gatelens`` loads the read-out
+only; the analysis and report stack (matplotlib) load on first use of ``analyze``,
+``Analysis``, ``measure`` or ``reproduce``.
 
 >>> import torch, gatelens
 >>> lstm = torch.nn.LSTM(3, 4, batch_first=True)
@@ -10,16 +12,36 @@ measurements of how long the model really remembers.
 (['layer0.i', 'layer0.f', 'layer0.g', 'layer0.o', 'layer0.c', 'layer0.h'], (2, 5, 4))
 """
 
-__version__ = "0.1.0"  # before the imports: submodules read it
+from __future__ import annotations
 
-from gatelens.analysis import half_life
-from gatelens.analyze import Analysis, analyze
+from importlib import import_module
+from typing import Any
+
+from gatelens._version import version as _version
+from gatelens.analysis.units import half_life
 from gatelens.hooks import CellCache, open_cells
-from gatelens.reproduce import reproduce
 from gatelens.trace import trace, trace_chunked
 from gatelens.trace_types import Trace, gate_names
 from gatelens.verify import VERIFY_TOL, VerifyResult, verify
 
+__version__ = _version()
+
+#: Public names whose modules pull in the report stack: imported on first use (PEP 562).
+_LAZY = {"Analysis": "gatelens.analyze", "analyze": "gatelens.analyze",
+         "measure": "gatelens.analyze", "reproduce": "gatelens.reproduce"}
+
 __all__ = ["Analysis", "CellCache", "Trace", "VERIFY_TOL", "VerifyResult", "analyze",
-           "gate_names", "half_life", "open_cells", "reproduce", "trace", "trace_chunked",
-           "verify", "__version__"]
+           "gate_names", "half_life", "measure", "open_cells", "reproduce", "trace",
+           "trace_chunked", "verify", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gatelens' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

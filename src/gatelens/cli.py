@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib import import_module
 
+from .cellspec import FAMILIES
 from .config import TrainConfig
 from .errors import CheckFailed, GatelensError
 
@@ -30,7 +30,7 @@ def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a character-level model into a run directory")
     d = TrainConfig()
     p.add_argument("--corpus", help=f"built-in name or UTF-8 text file (default {d.corpus})")
-    p.add_argument("--cell", choices=["lstm", "gru", "rnn"], help=f"default {d.cell}")
+    p.add_argument("--cell", choices=FAMILIES, help=f"default {d.cell}")
     p.add_argument("--hidden", type=_positive_int, help=f"units per layer (default {d.hidden})")
     p.add_argument("--layers", type=_positive_int, help=f"default {d.layers}")
     p.add_argument("--embed", type=_positive_int, help="embedding size (default: one-hot)")
@@ -93,6 +93,8 @@ def _add_verify(sub) -> None:
     p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
     p.add_argument("--windows", type=_positive_int, default=32)
     p.add_argument("--length", type=_positive_int, default=128)
+    p.add_argument("--tol", type=float, default=1e-5,
+                   help="largest difference that passes (default 1e-5)")
 
 
 def _cmd_verify(args) -> int:
@@ -101,7 +103,7 @@ def _cmd_verify(args) -> int:
 
     run = load_run(args.run, args.checkpoint)
     ids, source = run_windows(run, args.text, args.windows, args.length)
-    res = verify(run.model.rnn, run.model.encode(ids))
+    res = verify(run.model.rnn, run.model.encode(ids), tol=args.tol)
     print(f"{args.run} (step {run.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
           f"of {source}:")
     for d in res.layers:
@@ -137,24 +139,66 @@ def _cmd_report(args) -> int:
     return 0
 
 
-def _delegated(name: str, module: str, help: str):
-    """A command whose flags and handler live in ``gatelens.<module>`` (``add_arguments``,
-    ``main_from_args``), imported only when used."""
-    def add(sub) -> None:
-        import_module(f"gatelens.{module}").add_arguments(sub.add_parser(name, help=help))
+def _add_analyze(sub) -> None:
+    p = sub.add_parser("analyze", help="measure a run: report.json, report.md, plots, "
+                       "report.html")
+    p.add_argument("run", help="run directory (from gatelens train)")
+    p.add_argument("--checkpoint", default="best", help="best (default), final, or a step number")
+    p.add_argument("--text", default=None, metavar="FILE",
+                   help="analyse the first WINDOWS x LENGTH characters of FILE "
+                        "(default: windows evenly spaced over the validation split)")
+    p.add_argument("--windows", type=_positive_int, default=32, help="B, windows (default 32)")
+    p.add_argument("--length", type=_positive_int, default=128,
+                   help="T, characters per window (default 128)")
+    p.add_argument("--perturb-pos", type=int, default=32, dest="perturb_pos",
+                   help="position p of the changed character (default 32)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory (default RUN/analysis)")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
 
-    def run(args) -> int:
-        return import_module(f"gatelens.{module}").main_from_args(args)
-    return add, run
+
+def _cmd_analyze(args) -> int:
+    from .analyze import analyze
+
+    a = analyze(args.run, checkpoint=args.checkpoint, text=args.text, windows=args.windows,
+                length=args.length, perturb_pos=args.perturb_pos, out=args.out,
+                progress=not args.quiet)
+    print(a.out / "report.json")
+    print(a.out / "report.md")
+    v = a.verification
+    if not v.passed:  # the report is still written
+        raise CheckFailed(f"verification: max |h_hand - h_torch| = {v.max_abs_diff_h:.3g} "
+                          f"(c scaled {v.max_scaled_diff_c}) > {v.tol:g}")
+    return 0
+
+
+def _add_reproduce(sub) -> None:
+    p = sub.add_parser("reproduce", help="the seed end to end on the default corpus, beside "
+                       "the seed's figures")
+    p.add_argument("--out", default="runs/reproduce", metavar="DIR",
+                   help="output directory (default runs/reproduce); rerun to resume")
+    p.add_argument("--corpus", default="shakespeare",
+                   help="corpus name or text file (default: shakespeare, the seed's setup)")
+    p.add_argument("--forget-bias", type=float, default=None, metavar="B", dest="forget_bias",
+                   help="also train the LSTM with total forget bias B and set it beside the "
+                        "plain one (the seed's forget-bias claim; ~2 more minutes)")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
+
+
+def _cmd_reproduce(args) -> int:
+    from pathlib import Path
+
+    from .reproduce import reproduce
+
+    reproduce(args.out, corpus=args.corpus, progress=not args.quiet,
+              forget_bias=args.forget_bias)
+    print(Path(args.out) / "reproduce.md")
+    return 0
 
 
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
-            "verify": (_add_verify, _cmd_verify),
-            "analyze": _delegated("analyze", "analyze", "measure a run: report.json, "
-                                  "report.md, plots, report.html"),
-            "report": (_add_report, _cmd_report),
-            "reproduce": _delegated("reproduce", "reproduce", "the seed end to end on the "
-                                    "default corpus, beside the seed's figures")}
+            "verify": (_add_verify, _cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
+            "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from .cellspec import FAMILIES, family_spec
 from .errors import GatelensError
 
 
@@ -42,8 +43,8 @@ class TrainConfig:
                                     f"got {v}")
         if self.embed is not None and self.embed <= 0:
             raise GatelensError(f"--embed must be a positive integer, got {self.embed}")
-        if self.cell not in ("lstm", "gru", "rnn"):
-            raise GatelensError(f"--cell must be lstm, gru or rnn, got {self.cell!r}")
+        if self.cell not in FAMILIES:
+            raise GatelensError(f"--cell must be one of {', '.join(FAMILIES)}, got {self.cell!r}")
         if self.nonlinearity not in ("tanh", "relu"):
             raise GatelensError(f"--nonlinearity must be tanh or relu, got {self.nonlinearity!r}")
         if self.nonlinearity != "tanh" and self.cell != "rnn":
@@ -54,12 +55,13 @@ class TrainConfig:
             raise GatelensError(f"--clip must be positive, got {self.clip}")
         if self.forget_bias is not None and self.chrono is not None:
             raise GatelensError("--forget-bias and --chrono are exclusive; give one")
-        if self.cell == "rnn" and (self.forget_bias is not None or self.chrono is not None):
+        if family_spec(self.cell).keep_gate is None and (self.forget_bias is not None
+                                                          or self.chrono is not None):
             flag = "--forget-bias" if self.forget_bias is not None else "--chrono"
             raise GatelensError(f"{flag} needs a gated cell (lstm or gru); a plain rnn has "
                                 "no forget gate")
-        if self.chrono is not None and not self.chrono > 2:
-            raise GatelensError(f"--chrono TMAX must be above 2, got {self.chrono}")
+        if self.chrono is not None:
+            check_chrono(self.chrono)
         if self.device not in ("auto", "cpu", "cuda"):
             raise GatelensError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         return self
@@ -71,3 +73,15 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def check_chrono(t_max: float) -> None:
+    """Chrono's T_max must exceed 2 (b_f ~ log U(1, T_max − 1) needs T_max − 1 > 1).
+
+    >>> check_chrono(1.5)
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: --chrono TMAX must be above 2, got 1.5
+    """
+    if not t_max > 2:
+        raise GatelensError(f"--chrono TMAX must be above 2, got {t_max}")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gatelens.cells import output_batch_first
+from gatelens.reference import output_batch_first
 from gatelens.trace import trace
 from gatelens.trace_types import Trace
 

@@ -17,11 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cellspec import CellSpec, family_spec
+from .config import check_chrono
+
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
-# Which chunk of the stacked gate weights is the gate that keeps the state, and which is
-# the input gate, in PyTorch's chunk order (LSTM i, f, g, o; GRU r, z, n).
-KEEP_CHUNK = {"lstm": 1, "gru": 1}
-INPUT_CHUNK = {"lstm": 0}
 
 
 class CharLM(nn.Module):
@@ -49,6 +48,17 @@ class CharLM(nn.Module):
         self.rnn = CELLS[cell](n_in, hidden, num_layers=layers, batch_first=True, **kwargs)
         self.head = nn.Linear(hidden, vocab_size)
 
+    @classmethod
+    def from_config(cls, model: dict, vocab_size: int) -> CharLM:
+        """The (untrained) model a run's config.json "model" block describes.
+
+        >>> CharLM.from_config({"cell": "gru", "hidden": 4, "layers": 2}, 5).rnn.num_layers
+        2
+        """
+        return cls(vocab_size=vocab_size, hidden=model["hidden"], layers=model["layers"],
+                   cell=model["cell"], embed=model.get("embed"),
+                   nonlinearity=model.get("nonlinearity", "tanh"))
+
     def encode(self, idx: Tensor) -> Tensor:
         """The recurrent module's input for character indices (B, T) -> (B, T, V or E)."""
         if self.embed is not None:
@@ -67,6 +77,13 @@ def _bias_chunks(rnn: nn.RNNBase, layer: int, suffix: str = "") -> tuple[Tensor,
     return b_ih.view(-1, H), b_hh.view(-1, H)  # (chunks, H)
 
 
+def _keep_spec(model: CharLM, what: str) -> CellSpec:
+    spec = family_spec(model.cell)
+    if spec.keep_gate is None:
+        raise ValueError(f"{what} needs a gated cell (lstm or gru), not {model.cell!r}")
+    return spec
+
+
 def _layers(rnn: nn.RNNBase):
     for layer in range(rnn.num_layers):
         for suffix in ("", "_reverse") if rnn.bidirectional else ("",):
@@ -81,9 +98,7 @@ def set_forget_bias(model: CharLM, value: float) -> None:
     >>> (m.rnn.bias_ih_l0[3:6] + m.rnn.bias_hh_l0[3:6]).tolist()
     [2.0, 2.0, 2.0]
     """
-    if model.cell not in KEEP_CHUNK:
-        raise ValueError(f"a forget bias needs an LSTM or GRU, not {model.cell!r}")
-    k = KEEP_CHUNK[model.cell]
+    k = _keep_spec(model, "a forget bias").chunk_of_keep
     for layer, suffix in _layers(model.rnn):
         b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
         b_ih[k].fill_(value)
@@ -96,20 +111,18 @@ def set_chrono(model: CharLM, t_max: float, generator: torch.Generator | None = 
 
     For a GRU it acts on z, the keep gate (a GRU has no separate input gate).
     """
-    if model.cell not in KEEP_CHUNK:
-        raise ValueError(f"chrono initialisation needs an LSTM or GRU, not {model.cell!r}")
-    if not t_max > 2:
-        raise ValueError(f"--chrono TMAX must be above 2, got {t_max}")
-    k = KEEP_CHUNK[model.cell]
+    spec = _keep_spec(model, "chrono initialisation")
+    check_chrono(t_max)
+    k = spec.chunk_of_keep
     for layer, suffix in _layers(model.rnn):
         b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
         u = torch.rand(b_ih.shape[1], generator=generator, dtype=torch.float64)
         b_f = torch.log(1 + u * (t_max - 2)).to(b_ih.dtype)  # log U(1, t_max - 1)
         b_ih[k].copy_(b_f)
         b_hh[k].zero_()
-        if model.cell in INPUT_CHUNK:
-            b_ih[INPUT_CHUNK[model.cell]].copy_(-b_f)
-            b_hh[INPUT_CHUNK[model.cell]].zero_()
+        if spec.input_gate is not None:
+            b_ih[spec.chunk(spec.input_gate)].copy_(-b_f)
+            b_hh[spec.chunk(spec.input_gate)].zero_()
 
 
 def initial_keep_value(forget_bias: float | None) -> float:

@@ -83,12 +83,6 @@ def read_config(run: str | Path) -> dict:
     return cfg
 
 
-def build_model(cfg: dict) -> CharLM:
-    m = cfg["model"]
-    return CharLM(vocab_size=len(cfg["vocab"]), hidden=m["hidden"], layers=m["layers"],
-                  cell=m["cell"], embed=m.get("embed"), nonlinearity=m.get("nonlinearity", "tanh"))
-
-
 @dataclass
 class LoadedRun:
     """A model loaded from a run directory, ready for analysis (eval mode, CPU)."""
@@ -133,7 +127,7 @@ def load_run(run: str | Path, checkpoint: str | int = "best") -> LoadedRun:
     run = Path(run)
     cfg = read_config(run)
     path, step = resolve_checkpoint(run, checkpoint, cfg)
-    model = build_model(cfg)
+    model = CharLM.from_config(cfg["model"], len(cfg["vocab"]))
     tensors = read_weights(path)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))

@@ -1,8 +1,9 @@
 """Opened cells: every gate of an nn.LSTM, nn.GRU or nn.RNN, step by step.
 
 ``trace(module, inputs, state)`` takes exactly what the module's own forward takes and
-re-runs it from the module's weights (cells.py has the equations), returning a Trace of
-``(B, T, H)`` tensors named ``layer0.f``, ``layer1.reverse.h``, ... (trace_types.py).
+re-runs it from the module's weights (``run_stack`` here runs the layers, cells.py has the
+equations), returning a Trace of ``(B, T, H)`` tensors named ``layer0.f``,
+``layer1.reverse.h``, ... (trace_types.py).
 
 Semantics worth knowing:
 - Inference only: the trace runs under ``torch.no_grad()`` and never applies the dropout
@@ -33,7 +34,18 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from gatelens.cells import CELL_OF_MODE, faithful_matmul, run_stack, run_stack_parallel
+from gatelens.cells import (
+    Schedule,
+    final_state,
+    layer_weights,
+    project,
+    run_gru,
+    run_lstm,
+    run_rnn,
+)
+from gatelens.cellspec import cell_of_mode, cell_spec
+from gatelens.parallel import run_stack_parallel
+from gatelens.reference import faithful_matmul
 from gatelens.trace_types import Trace, gate_names
 
 State = Tensor | tuple[Tensor, Tensor] | None
@@ -60,9 +72,10 @@ def check_module(module: object) -> str:
     >>> check_module(torch.nn.GRU(2, 3))
     'gru'
     """
-    if not isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) or module.mode not in CELL_OF_MODE:
+    cell = cell_of_mode(module.mode) if isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) else None
+    if cell is None:
         raise TypeError(f"trace() takes an {ACCEPTED}; got {type(module).__name__}")
-    return CELL_OF_MODE[module.mode]
+    return cell
 
 
 def _check(module: nn.RNNBase, inputs: object, state: State) -> _Input:
@@ -160,6 +173,46 @@ def _check_names(names: Sequence[str] | None, valid: list[str]) -> list[str]:
     if bad:
         raise ValueError(f"unknown trace names {bad}; this module has {valid}")
     return list(names)
+
+
+def run_stack(module: nn.RNNBase, x: Tensor, h0: Tensor, c0: Tensor | None,
+              lengths: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
+    """Every layer and direction of ``module`` on ``x`` (T, F, B) from states (L*D, ·, B).
+
+    Returns the signal buffers by trace name, each (T, R, B), and h_n (L*D, H_out, B),
+    c_n (L*D, H, B) or None. Dropout between layers is not applied (inference).
+    """
+    cell = cell_of_mode(module.mode)
+    D = 2 if module.bidirectional else 1
+    T, _, B = x.shape
+    H, P = module.hidden_size, getattr(module, "proj_size", 0)
+    H_out = P or H
+    G = cell_spec(cell).n_chunks * H
+    bufs: dict[str, Tensor] = {}
+    h_n, c_n = [], []
+    for layer in range(module.num_layers):
+        # Both directions write their h side by side: the next layer's input, (T, D*H_out, B).
+        h_cat = x.new_empty(T, D * H_out, B)
+        for d in range(D):
+            reverse = d == 1
+            w = layer_weights(module, cell, layer, reverse)
+            s = Schedule(T, reverse, lengths)
+            k = layer * D + d
+            xw = project(w, x, x.new_empty(T, G, B))  # (T, G, B)
+            h_buf = h_cat[:, d * H_out : (d + 1) * H_out]  # (T, H_out, B)
+            if cell == "lstm":
+                sig = run_lstm(xw, w, h0[k], c0[k], s, h_buf)
+                c_n.append(final_state(sig["c"], s))
+            elif cell == "gru":
+                sig = run_gru(xw, w, h0[k], s, h_buf)
+            else:
+                sig = run_rnn(xw, w, h0[k], s, h_buf, relu=cell == "rnn_relu")
+            h_n.append(final_state(h_buf, s))
+            prefix = f"layer{layer}{'.reverse' if reverse else ''}."
+            bufs.update({prefix + name: t for name, t in sig.items()})
+        x = h_cat
+    return bufs, torch.stack(h_n), (torch.stack(c_n) if c_n else None)
+
 
 
 def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None, *,

@@ -2,7 +2,7 @@
 
 A Trace is a read-only mapping from names such as ``layer0.f`` to tensors shaped
 ``(B, T, H)``, batch first whatever the module's ``batch_first``. The names are public
-API (see ``gate_names``); METHODS.md gives the equations they come from.
+API (see ``gate_names``); docs/methods.md gives the equations they come from.
 
 >>> import torch
 >>> f = torch.full((2, 3, 4), 0.5)
@@ -20,42 +20,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-#: Per-cell signal names, in the order they are stored for each layer and direction.
-SIGNALS: dict[str, tuple[str, ...]] = {
-    "lstm": ("i", "f", "g", "o", "c", "h"),
-    "gru": ("r", "z", "n", "h"),
-    "rnn_tanh": ("pre", "h"),
-    "rnn_relu": ("pre", "h"),
-}
-
-#: The extra signal of a projected LSTM (``proj_size > 0``): m = o ⊙ tanh(c), the (B, T, H)
-#: output before the projection h = W_hr m. It is not in SIGNALS because it exists only
-#: for projected modules; ``gate_names(..., proj=True)`` places it just before ``h``.
-PROJ_SIGNAL = "m"
-
-
-def signals(cell: str, proj: bool = False) -> tuple[str, ...]:
-    """Signal letters of one layer and direction, with ``m`` before ``h`` when projected.
-
-    >>> signals("lstm", proj=True)
-    ('i', 'f', 'g', 'o', 'c', 'm', 'h')
-    """
-    if cell not in SIGNALS:
-        raise ValueError(f"unknown cell {cell!r}; expected one of {sorted(SIGNALS)}")
-    if not proj:
-        return SIGNALS[cell]
-    if cell != "lstm":
-        raise ValueError(f"proj=True applies to the lstm only, not {cell!r}")
-    return SIGNALS[cell][:-1] + (PROJ_SIGNAL, SIGNALS[cell][-1])
-
-
-#: Gates proper (values of a nonlinearity applied to a pre-activation), per cell.
-GATES: dict[str, tuple[str, ...]] = {
-    "lstm": ("i", "f", "g", "o"),
-    "gru": ("r", "z", "n"),
-    "rnn_tanh": (),
-    "rnn_relu": (),
-}
+from gatelens.cellspec import CellSpec, cell_spec, signals
 
 
 def gate_names(
@@ -123,19 +88,24 @@ class Trace(Mapping[str, Tensor]):
         return len(self.tensors)
 
     @property
+    def spec(self) -> CellSpec:
+        """The cell's facts (``gatelens.cellspec``)."""
+        return cell_spec(self.cell)
+
+    @property
     def keep_gate(self) -> str | None:
         """The gate that scales the carried state: f (LSTM), z (GRU), None (RNN)."""
-        return {"lstm": "f", "gru": "z"}.get(self.cell)
+        return self.spec.keep_gate
 
     @property
     def state_name(self) -> str:
-        """The carried state s of METHODS.md: c for the LSTM, h for GRU and RNN."""
-        return "c" if self.cell == "lstm" else "h"
+        """The carried state s (docs/methods.md): c for the LSTM, h for GRU and RNN."""
+        return self.spec.state
 
     @property
     def gates(self) -> tuple[str, ...]:
         """The gate letters of this cell (i, f, g, o / r, z, n / none)."""
-        return GATES[self.cell]
+        return self.spec.gates
 
     def layer(self, k: int, reverse: bool = False) -> dict[str, Tensor]:
         """Signals of one layer and direction, keyed by the bare letter (``f``, ``h``...)."""

@@ -24,14 +24,14 @@ import numpy as np
 import safetensors
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from . import __version__
+from ._version import version as gatelens_version
 from .config import TrainConfig
 from .corpus import Vocab, default_window_starts, load_corpus, split
 from .errors import GatelensError
 from .io import atomic_write_json, atomic_write_text
 from .model import CharLM, set_chrono, set_forget_bias
+from .progress import Progress
 from .runs import (
     CKPT_DIR,
     CONFIG,
@@ -95,10 +95,16 @@ class Data:
         return self.train[starts[:, None] + torch.arange(seq + 1)]  # (B, seq + 1)
 
 
+def model_config(cfg: TrainConfig) -> dict:
+    """config.json's "model" block (less the vocabulary size) for a training config."""
+    return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": cfg.embed,
+            "nonlinearity": cfg.nonlinearity, "input": "embedding" if cfg.embed else "one-hot"}
+
+
 def build(cfg: TrainConfig, vocab_size: int) -> CharLM:
     """The untrained model for ``cfg``: PyTorch's init from the seed, then any bias init."""
     set_seed(cfg.seed)
-    model = CharLM(vocab_size, cfg.hidden, cfg.layers, cfg.cell, cfg.embed, cfg.nonlinearity)
+    model = CharLM.from_config(model_config(cfg), vocab_size)
     if cfg.forget_bias is not None:
         set_forget_bias(model, cfg.forget_bias)
     if cfg.chrono is not None:
@@ -127,7 +133,7 @@ def evaluate(model: CharLM, val: torch.Tensor, batch: int, device: torch.device)
 
 
 def _versions() -> dict:
-    return {"gatelens": __version__, "torch": torch.__version__, "numpy": np.__version__,
+    return {"gatelens": gatelens_version(), "torch": torch.__version__, "numpy": np.__version__,
             "safetensors": safetensors.__version__, "python": platform.python_version()}
 
 
@@ -217,10 +223,7 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
     gen = torch.Generator().manual_seed(cfg.seed)  # batches: saved and restored on resume
     config = {
         "format": "gatelens-run/1",
-        "model": {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers,
-                  "embed": cfg.embed, "nonlinearity": cfg.nonlinearity,
-                  "input": "embedding" if cfg.embed else "one-hot",
-                  "vocab_size": data.vocab.size},
+        "model": {**model_config(cfg), "vocab_size": data.vocab.size},
         "vocab": data.vocab.chars,
         "train": cfg.to_dict(),
         "optimizer": {"name": "Adam", "lr": cfg.lr, "betas": [0.9, 0.999],
@@ -250,8 +253,7 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
 
     model.train()
     interrupted = False
-    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, unit="step",
-               desc=f"train {cfg.cell} {cfg.hidden}", dynamic_ncols=True, file=sys.stderr)
+    bar = Progress(cfg.steps, f"train {cfg.cell} {cfg.hidden}", initial=step, enabled=progress)
     with _StopFlag() as flag:
         t0 = time.perf_counter() - elapsed
         while step < cfg.steps:
@@ -266,15 +268,14 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
             row = {"step": step, "train_loss": f"{train_loss:.6f}", "val_loss": "",
                    "seconds": f"{time.perf_counter() - t0:.3f}"}
             rows.append(row)
-            bar.update(1)
-            bar.set_postfix(loss=f"{train_loss:.3f}", refresh=False)
+            bar.update(1, loss=f"{train_loss:.3f}")
             if on_step is not None:
                 on_step(step)
             stopping = flag.stop or step == stop_at
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 val_loss = evaluate(model, data.val, cfg.batch, device)
                 row["val_loss"] = f"{val_loss:.6f}"
-                bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}")
+                bar.milestone(f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")
                 _checkpoint(out, model, opt, gen, step, time.perf_counter() - t0, rows, config,
                             val_loss)
             elif stopping:  # between evaluations: save what an exact resume needs

@@ -20,14 +20,12 @@ one above. ``max_abs_diff_c`` is still reported as METHODS.md defines it.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
 
-import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from gatelens.cells import copy_layers, faithful_matmul, output_batch_first
+from gatelens.reference import copy_layers, faithful_matmul, run_module
 from gatelens.trace import State, check_module
 from gatelens.trace import trace as trace_fn
 from gatelens.trace_types import Trace
@@ -78,14 +76,15 @@ class VerifyResult:
         """Plain JSON-ready dict (``passed`` included)."""
         return {**asdict(self), "passed": self.passed}
 
+    def to_report(self) -> dict:
+        """report.json's "verification": the maxima, the tolerance and the verdict.
 
-def _run_torch(module: nn.RNNBase, inputs: Tensor | PackedSequence,
-               state: State) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The module's own output as (B, T, D*H_out), h_n, c_n, in eval semantics."""
-    with torch.no_grad(), warnings.catch_warnings():
-        # oneDNN cannot do projections and says so; the fallback is PyTorch's own path.
-        warnings.filterwarnings("ignore", message=".*projections is not supported with oneDNN")
-        return output_batch_first(module, module(inputs, state))
+        >>> VerifyResult("gru", [], 6.85e-07, None).to_report()["passed"]
+        True
+        """
+        return {"max_abs_diff_h": self.max_abs_diff_h, "max_abs_diff_c": self.max_abs_diff_c,
+                "max_scaled_diff_c": self.max_scaled_diff_c, "tolerance": self.tol,
+                "passed": self.passed}
 
 
 def _slice_state(state: State, rows: int) -> State:
@@ -100,6 +99,7 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
            trace: Trace | None = None, tol: float = VERIFY_TOL) -> VerifyResult:
     """Max |h_hand − h_torch| (and c) of ``trace`` (computed if None) per layer and direction.
 
+    >>> import torch
     >>> gru = torch.nn.GRU(2, 3, batch_first=True)
     >>> r = verify(gru, torch.randn(2, 4, 2))
     >>> r.max_abs_diff_c is None, r.to_dict()["passed"]
@@ -112,7 +112,7 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     with faithful_matmul(module.weight_ih_l0.device):
         for k in range(L):
             ref = module if k == L - 1 else copy_layers(module, 0, k + 1, module.batch_first)
-            out, h_n, c_n = _run_torch(ref, inputs, _slice_state(state, (k + 1) * D))
+            out, h_n, c_n = run_module(ref, inputs, _slice_state(state, (k + 1) * D))
             H_out = out.shape[-1] // D
             for d in range(D):
                 name = f"layer{k}{'.reverse' if d else ''}"

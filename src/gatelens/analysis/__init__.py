@@ -1,6 +1,6 @@
 """The measurements: one pure function a measurement, Trace in, result dataclass out.
 
-See METHODS.md for every definition. Layers are pooled throughout (``common.pooled``).
+docs/methods.md defines every figure. Layers are pooled throughout (``common.pooled``).
 
 >>> round(half_life(0.793), 2)
 2.99
@@ -19,11 +19,10 @@ from .perturbation import (
     report_lags,
 )
 from .units import UnitTimescales, half_life, shift_from_init, summarize_units, unit_timescales
-from .verification import Verification, verification
 
 __all__ = [
     "LAGS", "CharClasses", "GateDistributions", "PerturbationDecay", "UnitTimescales",
-    "Verification", "char_classes", "decompose", "default_class", "gate_distributions",
+    "char_classes", "decompose", "default_class", "gate_distributions",
     "half_life", "perturb_windows", "perturbation_decay", "report_lags", "shift_from_init",
-    "summarize_units", "unit_timescales", "verification",
+    "summarize_units", "unit_timescales",
 ]

@@ -19,11 +19,14 @@ import re
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatelens.io import atomic_write_json, atomic_write_text
 from gatelens.report.html_data import encode_plot, page_data
 from gatelens.report.html_tables import report_tables
+
+if TYPE_CHECKING:
+    from gatelens.analyze import Analysis
 
 __all__ = ["HtmlReport", "page_data", "render_html", "rebuild_html", "write_html"]
 
@@ -82,7 +85,7 @@ class HtmlReport:
     height: int = 900
 
     @classmethod
-    def from_analysis(cls, analysis: Any, max_windows: int | None = None) -> HtmlReport:
+    def from_analysis(cls, analysis: Analysis, max_windows: int | None = None) -> HtmlReport:
         """Render an analysis without writing anything."""
         return cls(render_html(page_data(analysis, max_windows=max_windows)))
 
@@ -104,15 +107,18 @@ class HtmlReport:
                 'title="gatelens report"></iframe>')
 
 
-def write_html(analysis: Any, max_windows: int | None = None) -> Path:
+def write_html(analysis: Analysis, max_windows: int | None = None) -> Path:
     """Write OUT/page_data.json and OUT/report.html for an analysis; return the page's path.
 
-    >>> import tempfile
-    >>> from gatelens.report.html_demo import demo_analysis
-    >>> a = demo_analysis("gru", windows=2, length=12, hidden=4, perturb_pos=4,
-    ...                   out=tempfile.mkdtemp())
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> from gatelens.analyze import measure
+    >>> a = measure(torch.nn.GRU(3, 4, batch_first=True),
+    ...             lambda i: torch.nn.functional.one_hot(i, 3).float(),
+    ...             torch.randint(0, 3, (2, 12)), list("ab "), perturb_pos=4)
+    >>> a.out = Path(tempfile.mkdtemp())
     >>> write_html(a).name, sorted(p.name for p in a.out.iterdir())
-    ('report.html', ['page_data.json', 'plots', 'report.html'])
+    ('report.html', ['page_data.json', 'report.html'])
     """
     out = Path(analysis.out)
     data = page_data(analysis, max_windows=max_windows)
@@ -128,12 +134,13 @@ def rebuild_html(out_dir: str | Path) -> Path:
     Raises FileNotFoundError naming the missing file when the directory is not an
     analysis written by ``write_html``.
 
-    >>> import json, tempfile
-    >>> from gatelens.report.html_demo import demo_analysis
-    >>> a = demo_analysis("rnn_tanh", windows=2, length=12, hidden=4, perturb_pos=4,
-    ...                   out=tempfile.mkdtemp())
-    >>> _ = (a.out / "report.json").write_text(json.dumps(a.report))
-    >>> first = write_html(a).read_text()
+    >>> import tempfile, torch
+    >>> from gatelens.analyze import measure
+    >>> from gatelens.report.write import write_analysis
+    >>> a = measure(torch.nn.RNN(3, 4, batch_first=True),
+    ...             lambda i: torch.nn.functional.one_hot(i, 3).float(),
+    ...             torch.randint(0, 3, (2, 12)), list("ab "), perturb_pos=4)
+    >>> first = write_analysis(a, tempfile.mkdtemp()).out.joinpath("report.html").read_text()
     >>> rebuild_html(a.out).read_text() == first
     True
     """

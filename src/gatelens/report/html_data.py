@@ -1,10 +1,11 @@
 """The data the HTML report embeds: a compact, JSON-ready picture of one analysis.
 
-Everything here is a pure function of an Analysis-like object (the fields of
-``gatelens.analyze.Analysis``). Trace values travel as uint8 with a per-unit range, so a
-seed-sized analysis (32 windows x 128 characters x 325 units) fits a page of a few MB;
-the decoding rule is ``v = lo[u] + q / 255 * (hi[u] - lo[u])``, error at most
-``(hi[u] - lo[u]) / 510`` (see ``dequantize``).
+Everything here is a pure function of a ``gatelens.analyze.Analysis``: the figures come
+from its result objects (per-unit means, decay curves), never recomputed here. Trace
+values travel as uint8 with a per-unit range, so a seed-sized analysis (32 windows x
+128 characters x 325 units) fits a page of a few MB; the decoding rule is
+``v = lo[u] + q / 255 * (hi[u] - lo[u])``, error at most ``(hi[u] - lo[u]) / 510``
+(see ``dequantize``).
 
 >>> import numpy as np
 >>> x = np.array([[0.0, -1.0], [0.5, 1.0], [1.0, 0.0]])   # (N, H)
@@ -20,18 +21,18 @@ from __future__ import annotations
 import base64
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gatelens.analysis.common import finite_or_none
+from gatelens.analysis.common import finite_or_none, pooled
 from gatelens.analysis.units import half_life as analysis_half_life
+from gatelens.analysis.units import unit_means
+from gatelens.cellspec import cell_spec
 
-#: Signals whose values lie in [0, 1] (sigmoid) or [-1, 1] (tanh); others are unbounded.
-BOUNDED: dict[str, tuple[float, float]] = {
-    "i": (0.0, 1.0), "f": (0.0, 1.0), "o": (0.0, 1.0), "r": (0.0, 1.0), "z": (0.0, 1.0),
-    "g": (-1.0, 1.0), "n": (-1.0, 1.0),
-}
+if TYPE_CHECKING:
+    from gatelens.analyze import Analysis
+
 #: Raw bytes of quantised traces the page may carry by default (base64 adds a third).
 BYTE_BUDGET = 2_800_000
 #: Most windows the character view ever draws.
@@ -100,26 +101,37 @@ def _text(windows: Any, chars: list[str], rows: list[int]) -> list[str]:
     return ["".join(chars[int(c)] for c in idx[r]) for r in rows]
 
 
-def _unit_table(trace: Any, baseline: Any, layer: int) -> dict[str, list]:
-    """Per-unit mean keep gate (or mean h for a plain RNN), its shift from init, half-life."""
-    keep = trace.keep_gate or "h"
-    name = f"layer{layer}.{keep}"
-    mean = _np(trace[name]).mean(axis=(0, 1))  # (H,)
-    init = _np(baseline[name]).mean(axis=(0, 1)) if name in baseline else np.full_like(mean, np.nan)
-    return {"signal": keep, "mean": [_sig(v) for v in mean], "init": [_sig(v) for v in init],
-            "shift": [_sig(v) for v in mean - init],
-            "half_life": [_sig(half_life(v)) if trace.keep_gate and half_life(v) is not None
-                          else None for v in mean]}
+def _layer_means(analysis: Analysis, trained: bool) -> list[np.ndarray]:
+    """Per-unit mean keep gate of each layer, (H,) each, from the unit timescales (a plain
+    RNN has none: its mean h is shown instead)."""
+    units = analysis.units if trained else (analysis.baseline.units if analysis.baseline
+                                            else None)
+    tr = analysis.trace if trained else analysis.baseline_trace
+    L = int(tr.num_layers)
+    if units is not None:
+        return np.split(units.forget_means, L)
+    if tr.keep_gate is None:
+        return [unit_means(tr[f"layer{k}.h"]) for k in range(L)]
+    return [np.full(tr["layer0.h"].shape[-1], np.nan)] * L
 
 
-def _pooled(trace: Any, letter: str) -> np.ndarray:
-    """One signal of every layer side by side, (B, T, L*H), as the analysis pools them."""
-    return np.concatenate([_np(trace[f"layer{k}.{letter}"])
-                           for k in range(int(trace.num_layers))], axis=-1)
+def _unit_tables(analysis: Analysis) -> dict[str, dict[str, list]]:
+    """layer -> per-unit mean keep gate (or mean h), its shift from init, its half-life."""
+    keep = analysis.trace.keep_gate
+    trained = _layer_means(analysis, True)
+    init = _layer_means(analysis, False) if analysis.baseline is not None else [
+        np.full_like(m, np.nan) for m in trained]
+    return {f"layer{k}": {
+        "signal": keep or "h", "mean": [_sig(v) for v in mean], "init": [_sig(v) for v in ini],
+        "shift": [_sig(v) for v in mean - ini],
+        "half_life": [_sig(half_life(v)) if keep and half_life(v) is not None else None
+                      for v in mean]}
+        for k, (mean, ini) in enumerate(zip(trained, init, strict=True))}
 
 
-def _perturbation(analysis: Any, rows: list[int]) -> dict[str, Any]:
-    """The changed character and the state difference after it, for the shown windows.
+def _perturbation(analysis: Analysis, rows: list[int]) -> dict[str, Any]:
+    """The changed character and the state difference after it, for the shown windows;
+    the mean curves are the analysis's own (PerturbationDecay.curves).
 
     Unit u of layer k is column k*H + u of the (pooled) state difference.
     """
@@ -129,27 +141,24 @@ def _perturbation(analysis: Any, rows: list[int]) -> dict[str, Any]:
         paths = {k: _np(dec[k]) for k in ("measured", "forget_path", "return_path")}  # (B,T,S)
     else:
         s = analysis.trace.state_name
-        paths = {"measured": _pooled(analysis.trace_perturbed, s) - _pooled(analysis.trace, s)}
-    norms: dict[str, list] = {}
-    mean_ratio: dict[str, list] = {}
-    ref = np.linalg.norm(paths["measured"][:, p, :], axis=-1)  # (B,) ‖δs_p‖
-    moved = ref > 0  # windows whose δs_p is zero carry no ratio (as in the analysis)
-    for k, v in paths.items():
-        n = np.linalg.norm(v[:, p:, :], axis=-1)  # (B, T-p)
-        norms[k] = [[_sig(x) for x in n[r]] for r in rows]
-        ratio = (n[moved] / ref[moved, None]).mean(axis=0) if moved.any() else n[0] * np.nan
-        mean_ratio[k] = [_sig(x) for x in ratio]
+        clean, moved = (_np(pooled(t, s)) for t in (analysis.trace, analysis.trace_perturbed))
+        paths = {"measured": moved - clean}
+    norms = {k: [[_sig(x) for x in np.linalg.norm(v[r, p:, :], axis=-1)] for r in rows]
+             for k, v in paths.items()}  # window -> ‖·‖ at lag 0 … T−1−p
+    curves = analysis.perturbation.curves
     chars = list(analysis.chars)
     return {
         "pos": p,
         "texts": _text(analysis.perturbed, chars, rows),
         "orig": [t[p] for t in _text(analysis.windows, chars, rows)],
         "paths": {k: quantize(v[rows, p:, :]) for k, v in paths.items()},  # (W, T-p, S)
-        "norms": norms, "mean_ratio": mean_ratio, "has_paths": dec is not None,
+        "norms": norms, "mean_ratio": {k: [_sig(x) for x in curves[k]] for k in paths},
+        "has_paths": dec is not None,
     }
 
 
-def _window_count(analysis: Any, n_layers: int, n_signals: int, max_windows: int | None) -> int:
+def _window_count(analysis: Analysis, n_layers: int, n_signals: int,
+                  max_windows: int | None) -> int:
     """How many windows the character view draws: max_windows, or what fits the budget."""
     b, t, h = (int(d) for d in analysis.trace[f"layer0.{analysis.trace.state_name}"].shape)
     if max_windows is not None:
@@ -172,22 +181,24 @@ def encode_plot(path: str | Path) -> dict[str, str]:
     return {"name": path.name, "uri": f"data:image/png;base64,{b64}"}
 
 
-def page_data(analysis: Any, max_windows: int | None = None) -> dict[str, Any]:
+def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, Any]:
     """Everything report.html embeds, as a JSON-ready dict.
 
-    ``analysis`` needs the fields of ``gatelens.analyze.Analysis`` (report, chars,
-    windows, perturbed, perturb_pos, trace, baseline, trace_perturbed, decomposition,
-    plots). ``max_windows`` caps the windows drawn character by character; by default as
+    ``max_windows`` caps the windows drawn character by character; by default as
     many as fit ``BYTE_BUDGET``. Keys: ``meta`` (cell, sizes, signals, counts), ``texts``,
     ``models`` (trained / untrained -> layer -> signal -> quantised (W, T, H)),
     ``units`` (layer -> per-unit table), ``perturb``, ``report``, ``plots``.
 
-    >>> from gatelens.report.html_demo import demo_analysis
-    >>> d = page_data(demo_analysis("lstm", windows=3, length=12, hidden=4, perturb_pos=4))
+    >>> import torch
+    >>> from gatelens.analyze import measure
+    >>> a = measure(torch.nn.LSTM(3, 4, batch_first=True),
+    ...             lambda i: torch.nn.functional.one_hot(i, 3).float(),
+    ...             torch.randint(0, 3, (3, 12)), list("ab "), perturb_pos=4)
+    >>> d = page_data(a)
     >>> d["meta"]["signals"], d["meta"]["shown"], d["models"]["trained"]["layer0"]["f"]["shape"]
     (['i', 'f', 'g', 'o', 'c', 'h'], 3, [3, 12, 4])
     """
-    trace, base = analysis.trace, analysis.baseline
+    trace, base = analysis.trace, analysis.baseline_trace
     layers = [f"layer{k}" for k in range(int(trace.num_layers))]
     signals = _signals(trace, 0)
     n = _window_count(analysis, len(layers), len(signals), max_windows)
@@ -198,16 +209,15 @@ def page_data(analysis: Any, max_windows: int | None = None) -> dict[str, Any]:
         models[label] = {ln: {s: quantize(_np(tr[f"{ln}.{s}"])[rows]) for s in signals
                               if f"{ln}.{s}" in tr} for ln in layers}
     report = analysis.report
-    model = report.get("model", {}) if isinstance(report, dict) else {}
+    model = report.get("model", {})
+    bounds = cell_spec(trace.cell).bounds
     meta = {
         "cell": trace.cell, "layers": layers, "hidden": h, "signals": signals,
         "keep_gate": trace.keep_gate, "state": trace.state_name,
         "n_windows": b, "length": t, "shown": n, "step": model.get("step"),
-        "source": (report.get("text") or {}).get("source") if isinstance(report, dict) else None,
-        "ranges": {s: list(BOUNDED[s]) if s in BOUNDED else None for s in signals},
+        "source": (report.get("text") or {}).get("source"),
+        "ranges": {s: list(bounds[s]) if s in bounds else None for s in signals},
     }
-    if trace.cell == "rnn_tanh":
-        meta["ranges"]["h"] = [-1.0, 1.0]
     return {
         "format": 1,
         "title": f"gatelens · {trace.cell} · {h} units" + (
@@ -216,7 +226,7 @@ def page_data(analysis: Any, max_windows: int | None = None) -> dict[str, Any]:
         "chars": list(analysis.chars),
         "texts": _text(analysis.windows, list(analysis.chars), rows),
         "models": models,
-        "units": {ln: _unit_table(trace, base, k) for k, ln in enumerate(layers)},
+        "units": _unit_tables(analysis),
         "perturb": _perturbation(analysis, rows),
         "report": report,
         "plots": [encode_plot(p) for p in analysis.plots if Path(p).is_file()],

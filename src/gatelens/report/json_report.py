@@ -1,4 +1,4 @@
-"""report.json, version 1 (DESIGN.md): assembling it, its schema, reading the history.
+"""report.json, version 1 (docs/design.md): assembling it, its schema, reading the history.
 
 Keys that do not apply to a cell are null, never missing; infinities are null (JSON has
 no inf). Extra keys beside DESIGN.md's: "pooling", "baseline.step", "shift_from_init",
@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..analysis.classes import CharClasses
-from ..analysis.gates import GateDistributions
 from ..analysis.perturbation import PerturbationDecay
-from ..analysis.units import UnitTimescales
-from ..analysis.verification import Verification
+from ..analysis.units import UnitTimescales, shift_from_init
 from ..io import atomic_write_json
 from ..runs import history_rows
+
+if TYPE_CHECKING:
+    from ..analyze import Analysis
 
 VERSION = 1
 POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
@@ -76,40 +77,28 @@ def decomposition_summary(decay: PerturbationDecay) -> dict | None:
             "max_abs_residual": decay.max_abs_residual}
 
 
-def build_report(*, model: dict, text: dict, verification: Verification | None,
-                 gates: GateDistributions, units: UnitTimescales | None,
-                 perturbation: PerturbationDecay, char_classes: CharClasses,
-                 baseline: tuple[GateDistributions, UnitTimescales | None, int] | None,
-                 n_units: int, history: dict | None = None) -> dict:
-    """Assemble report.json from the measurement results.
-
-    ``model``: {"cell", "hidden", "layers", "step", ...}; ``text``: {"windows", "length",
-    "source"}; ``baseline``: (gates, units, step) of the untrained model, or None.
-    """
-    ver = verification.to_dict() if verification is not None else {
-        "max_abs_diff_h": None, "max_abs_diff_c": None}
-    shift = None
-    base = None
-    if baseline is not None:
-        b_gates, b_units, b_step = baseline
-        base = {"step": b_step, "gates": b_gates.to_dict(), "units": units_dict(b_units, n_units)}
-        if units is not None and b_units is not None:
-            from ..analysis.units import shift_from_init
-
-            shift = shift_from_init(units, b_units)
+def build_report(a: Analysis) -> dict:
+    """report.json from an analysis's result objects (``gatelens.analyze.Analysis``)."""
+    n_units = a.model["hidden"] * a.model["layers"]
+    base = shift = None
+    if a.baseline is not None:
+        b = a.baseline
+        base = {"step": b.step, "gates": b.gates.to_dict(), "units": units_dict(b.units, n_units)}
+        if a.units is not None and b.units is not None:
+            shift = shift_from_init(a.units, b.units)
     report = {
         "version": VERSION,
-        "model": dict(model),
-        "text": dict(text),
-        "verification": ver,
-        "gates": gates.to_dict(),
-        "units": units_dict(units, n_units),
-        "perturbation": perturbation.to_dict(),
-        "char_classes": char_classes.to_dict(),
+        "model": dict(a.model),
+        "text": dict(a.text),
+        "verification": a.verification.to_report(),
+        "gates": a.gates.to_dict(),
+        "units": units_dict(a.units, n_units),
+        "perturbation": a.perturbation.to_dict(),
+        "char_classes": a.char_classes.to_dict(),
         "baseline": base,
         "shift_from_init": shift,
-        "decomposition": decomposition_summary(perturbation),
-        "history": history,
+        "decomposition": decomposition_summary(a.perturbation),
+        "history": a.history,
         "pooling": POOLING,
     }
     check_report(report)

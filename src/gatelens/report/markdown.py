@@ -1,55 +1,37 @@
 """report.md: the tables of report.json laid out for a reader, each with a one-line reading.
 
-Built from the report dict alone, so a saved report.json can be re-rendered.
+Built from the report dict alone (``tables.py`` builds the tables, for the page too), so a
+saved report.json can be re-rendered.
 
->>> fmt(None), fmt(0.0069), fmt(6.48e-4), fmt(1331200), fmt(2.5)
-('—', '0.0069', '6.48e-04', '1,331,200', '2.5')
+>>> md = render_markdown({"model": {"cell": "gru", "hidden": 4, "layers": 1, "step": 0},
+...     "text": {"windows": 1, "length": 8, "source": "x"}, "gates": {}, "units": {"gate": None},
+...     "verification": {"max_abs_diff_h": 1e-7, "max_abs_diff_c": None},
+...     "perturbation": {"lags": []}, "char_classes": {}})
+>>> md.splitlines()[0]
+'# gatelens analysis: GRU, 4 units × 1 layer(s), step 0'
 """
 
 from __future__ import annotations
 
 from ..analysis.units import HALF_LIFE_LONG
-
-GATE_NAMES = {"i": "input", "f": "forget", "g": "candidate", "o": "output", "r": "reset",
-              "z": "update (keep)", "n": "new"}
-STATS = ("mean", "p5", "p25", "p50", "p75", "p95")
-
-
-def fmt(x, digits: int = 3) -> str:
-    """A number for a table: integers with separators, tiny values in scientific form."""
-    if x is None:
-        return "—"
-    if isinstance(x, str | bool):
-        return str(x)
-    if isinstance(x, int):
-        return f"{x:,}"
-    if x != 0 and abs(x) < 1e-3:
-        return f"{x:.2e}"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines
+from .tables import (
+    GATE_NAMES,
+    classes_table,
+    fmt,
+    gates_table,
+    half_lives_table,
+    perturbation_table,
+    units_table,
+)
 
 
 def _gates(rep: dict) -> list[str]:
     gates = rep["gates"]
     base = (rep.get("baseline") or {}).get("gates") or {}
-    letters = [g for g in gates if g != "n_values"]
-    if not letters:
+    table = gates_table(rep)
+    if table is None:
         return ["A plain RNN has no gates; its state is rewritten through tanh/relu at every "
                 "step."]
-    rows = []
-    for g in letters:
-        name = f"{g} ({GATE_NAMES.get(g, g)})"
-        rows.append([name, "trained"] + [fmt(gates[g][s]) for s in STATS])
-        if g in base:
-            rows.append(["", "step 0"] + [fmt(base[g][s]) for s in STATS])
-    out = _table(["gate", "model", "mean", "5 %", "25 %", "50 %", "75 %", "95 %"], rows)
     keep = rep["units"]["gate"]
     reading = f"Over {fmt(gates['n_values'])} values per gate."
     if keep in gates and keep in base:
@@ -57,28 +39,15 @@ def _gates(rep: dict) -> list[str]:
                     f"{fmt(base[keep]['p50'])} to {fmt(gates[keep]['p50'])} and widened its "
                     f"middle half from {fmt(base[keep]['p75'] - base[keep]['p25'])} to "
                     f"{fmt(gates[keep]['p75'] - gates[keep]['p25'])}.")
-    return out + ["", f"Reading: {reading}"]
+    return table.markdown() + ["", f"Reading: {reading}"]
 
 
 def _units(rep: dict) -> list[str]:
     u = rep["units"]
-    if u["gate"] is None:
+    table = units_table(rep)
+    if table is None:
         return ["A plain RNN has no keep gate, so no per-unit timescale is defined."]
-    b = (rep.get("baseline") or {}).get("units") or {}
     shift = rep.get("shift_from_init") or {}
-
-    def pair(label, get):
-        return [label, fmt(get(u)), fmt(get(b)) if b else "—"]
-
-    rows = [pair("units", lambda d: d["n_units"]),
-            pair(f"below start ({fmt(u['init_value'])})", lambda d: d["below_init"]),
-            pair(f"half-life ≥ {HALF_LIFE_LONG:g} characters", lambda d: d["half_life_ge_10"])]
-    for k in ("min", "p5", "median", "p95", "max"):
-        rows.append(pair(f"mean {u['gate']}: {k}", lambda d, k=k: d["forget_mean"][k]))
-    for k in ("min", "median", "max"):
-        rows.append(pair(f"half-life (characters): {k}",
-                         lambda d, k=k: "∞" if d["half_life"][k] is None else d["half_life"][k]))
-    out = _table(["per unit", "trained", "step 0"], rows)
     reading = (f"{u['below_init']} of {u['n_units']} units keep less than their starting "
                f"{fmt(u['init_value'])}; the median unit halves its memory in "
                f"{fmt(u['half_life']['median'], 2)} characters, and {u['half_life_ge_10']} "
@@ -86,17 +55,15 @@ def _units(rep: dict) -> list[str]:
     if shift:
         reading += (f" Training moved a unit's mean {u['gate']} by {fmt(shift['mean_abs'])} on "
                     f"average (from {fmt(shift['min'])} to {fmt(shift['max'])}).")
-    return out + ["", f"Reading: {reading}"]
+    return table.markdown() + ["", f"Reading: {reading}"]
 
 
 def _perturbation(rep: dict) -> list[str]:
     p = rep["perturbation"]
-    rows = []
-    for j, k in enumerate(p["lags"]):
-        rows.append([str(k), fmt(p["measured"][j]),
-                     fmt(p["forget_only"][j]) if p["forget_only"] else "—",
-                     fmt(p["return_path"][j]) if p.get("return_path") else "—"])
-    out = _table(["lag k", "measured r(k)", "forget gate alone a(k)", "return path"], rows)
+    table = perturbation_table(rep)
+    if table is None:
+        return ["No lag fits inside the windows after the perturbation position."]
+    out = table.markdown() + [""] + half_lives_table(rep).markdown()
     K = p["lags"][-1]
     reading = (f"{K} characters after the change at position {p['position']} "
                f"({p['n']} windows), the difference in {p.get('state', 's')} is "
@@ -119,8 +86,10 @@ def _perturbation(rep: dict) -> list[str]:
 def _classes(rep: dict) -> list[str]:
     c = rep["char_classes"]
     gate = rep["units"]["gate"]
-    rows = [[name, fmt(v["positions"]), fmt(v["forget_mean"], 4)] for name, v in c.items()]
-    out = _table(["input character", "positions", f"mean {gate or 'keep gate'}"], rows)
+    table = classes_table(rep)
+    if table is None:
+        return ["No positions to class."]
+    out = table.markdown()
     known = {k: v["forget_mean"] for k, v in c.items() if v["forget_mean"] is not None}
     if not known:
         return out + ["", "Reading: no keep gate to compare (plain RNN); the counts remain."]

@@ -1,0 +1,138 @@
+"""One table of per-cell facts: every module that needs to know a cell reads it here.
+
+A cell family is described once, by a ``CellSpec``: its trace letters, which of them are
+gates, the chunk order of its stacked weights, the keep gate and the carried state of
+docs/methods.md, the value ranges the page colours by, and the names a reader sees.
+Adding a cell family means its own kernel file and one entry in ``CELLS``.
+
+>>> spec = CELLS["lstm"]
+>>> spec.signals, spec.keep_gate, spec.state, spec.chunk("f")
+(('i', 'f', 'g', 'o', 'c', 'h'), 'f', 'c', 1)
+>>> cell_of_mode("GRU"), CELLS["gru"].display["z"]
+('gru', 'update (keep)')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SIGMOID = (0.0, 1.0)
+TANH = (-1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """The facts of one cell, as the trace names it.
+
+    Attributes:
+        name: the trace's cell name (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``).
+        family: the ``--cell`` name that builds it (``lstm``, ``gru``, ``rnn``).
+        mode: ATen's ``module.mode`` string of the PyTorch module, or None.
+        chunks: the letters of the stacked weight rows in PyTorch's chunk order
+            (LSTM i, f, g, o; GRU r, z, n; RNN one block, the pre-activation).
+        signals: the trace letters of one layer and direction, in storage order.
+        gates: the letters that are gates proper (a nonlinearity of a pre-activation).
+        keep_gate: the gate that scales the carried state (f, z), None without one.
+        input_gate: the gate chrono initialisation sets to −b_f (LSTM i), else None.
+        state: the carried state s of the perturbation measurement (c or h).
+        bounds: value range of each bounded signal (sigmoid [0, 1], tanh [−1, 1]).
+        display: a reader's name for each gate letter.
+    """
+
+    name: str
+    family: str
+    mode: str | None
+    chunks: tuple[str, ...]
+    signals: tuple[str, ...]
+    gates: tuple[str, ...]
+    keep_gate: str | None
+    input_gate: str | None
+    state: str
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    display: dict[str, str] = field(default_factory=dict)
+
+    def chunk(self, letter: str) -> int:
+        """Index of ``letter``'s block in the stacked weights (``weight_ih.view(-1, H)``)."""
+        return self.chunks.index(letter)
+
+    @property
+    def chunk_of_keep(self) -> int:
+        """Index of the keep gate's block (the one ``--forget-bias`` sets)."""
+        if self.keep_gate is None:
+            raise ValueError(f"{self.name} has no keep gate")
+        return self.chunk(self.keep_gate)
+
+    @property
+    def n_chunks(self) -> int:
+        """Blocks of H rows in ``weight_ih``: 4 (LSTM), 3 (GRU), 1 (RNN)."""
+        return len(self.chunks)
+
+
+_LSTM_NAMES = {"i": "input", "f": "forget", "g": "candidate", "o": "output"}
+_GRU_NAMES = {"r": "reset", "z": "update (keep)", "n": "new"}
+
+CELLS: dict[str, CellSpec] = {
+    "lstm": CellSpec(
+        name="lstm", family="lstm", mode="LSTM", chunks=("i", "f", "g", "o"),
+        signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
+        keep_gate="f", input_gate="i", state="c",
+        bounds={"i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "g": TANH}, display=_LSTM_NAMES),
+    "gru": CellSpec(
+        name="gru", family="gru", mode="GRU", chunks=("r", "z", "n"),
+        signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
+        state="h", bounds={"r": SIGMOID, "z": SIGMOID, "n": TANH}, display=_GRU_NAMES),
+    "rnn_tanh": CellSpec(
+        name="rnn_tanh", family="rnn", mode="RNN_TANH", chunks=("pre",),
+        signals=("pre", "h"), gates=(), keep_gate=None, input_gate=None, state="h",
+        bounds={"h": TANH}),
+    "rnn_relu": CellSpec(
+        name="rnn_relu", family="rnn", mode="RNN_RELU", chunks=("pre",),
+        signals=("pre", "h"), gates=(), keep_gate=None, input_gate=None, state="h"),
+}
+
+#: The extra signal of a projected LSTM (``proj_size > 0``): m = o ⊙ tanh(c), the output
+#: before the projection h = W_hr m; it stands just before ``h``.
+PROJ_SIGNAL = "m"
+
+#: ``--cell`` names, in the order the command line lists them.
+FAMILIES: tuple[str, ...] = ("lstm", "gru", "rnn")
+
+
+def cell_spec(cell: str) -> CellSpec:
+    """The spec of a trace cell name; a clear error for an unknown one.
+
+    >>> cell_spec("rnn_relu").family
+    'rnn'
+    """
+    try:
+        return CELLS[cell]
+    except KeyError:
+        raise ValueError(f"unknown cell {cell!r}; expected one of {sorted(CELLS)}") from None
+
+
+def cell_of_mode(mode: str) -> str | None:
+    """The trace cell name of a PyTorch module's ``mode`` (None: not a module we open)."""
+    return next((s.name for s in CELLS.values() if s.mode == mode), None)
+
+
+def family_spec(family: str, nonlinearity: str = "tanh") -> CellSpec:
+    """The spec a ``--cell`` family builds (``rnn`` with its nonlinearity).
+
+    >>> family_spec("rnn", "relu").name, family_spec("gru").keep_gate
+    ('rnn_relu', 'z')
+    """
+    return cell_spec(f"rnn_{nonlinearity}" if family == "rnn" else family)
+
+
+def signals(cell: str, proj: bool = False) -> tuple[str, ...]:
+    """Signal letters of one layer and direction, with ``m`` before ``h`` when projected.
+
+    >>> signals("lstm", proj=True)
+    ('i', 'f', 'g', 'o', 'c', 'm', 'h')
+    """
+    letters = cell_spec(cell).signals
+    if not proj:
+        return letters
+    if cell != "lstm":
+        raise ValueError(f"proj=True applies to the lstm only, not {cell!r}")
+    return letters[:-1] + (PROJ_SIGNAL, letters[-1])
