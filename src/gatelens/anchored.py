@@ -50,8 +50,15 @@ from gatelens.trace_types import gate_names
 from gatelens.verify import VERIFY_TOL, LayerDiff, passes
 
 
-def _check(module: nn.Module, inputs: object, state: State) -> tuple[str, Tensor, Tensor | None]:
-    """The cell name and the initial states (L·D, B, H_out) and (L·D, B, H) (zeros if None)."""
+def check_inputs(module: nn.Module, inputs: object,
+                 state: State = None) -> tuple[str, Tensor, Tensor | None]:
+    """The cell name and the initial states h0 (L·D, B, H_out) and c0 (L·D, B, H) (LSTM;
+    else None), zeros when ``state`` is None; clear errors for anything else.
+
+    >>> cell, h0, c0 = check_inputs(torch.nn.GRU(3, 4, num_layers=2), torch.randn(5, 7, 3))
+    >>> cell, tuple(h0.shape), c0
+    ('gru', (2, 5, 4), None)
+    """
     cell = check_module(module)
     if isinstance(inputs, PackedSequence):
         raise ValueError("takes a padded batch-first Tensor (B, T, F), not a PackedSequence; "
@@ -159,7 +166,7 @@ def _stepped_c(module: nn.RNNBase, k: int, reverse: bool, X: Tensor, h: Tensor, 
 
 def _states(module: nn.Module, inputs: Tensor, state: State
             ) -> tuple[str, Tensor, Tensor | None, dict[str, Tensor], float | None]:
-    cell, h0, c0 = _check(module, inputs, state)
+    cell, h0, c0 = check_inputs(module, inputs, state)
     hs = _sequence_h(module, inputs, h0, c0)
     D = 2 if module.bidirectional else 1
     out: dict[str, Tensor] = {}
@@ -259,7 +266,7 @@ def anchored_signals(module: nn.Module, inputs: Tensor, state: State = None
     >>> list(sig), sig["layer0.pre"].shape
     (['layer0.pre', 'layer0.h'], torch.Size([2, 5, 4]))
     """
-    cell, h0, c0 = _check(module, inputs, state)
+    cell, h0, c0 = check_inputs(module, inputs, state)
     hs = _sequence_h(module, inputs, h0, c0)
     D = 2 if module.bidirectional else 1
     out: dict[str, Tensor] = {}
@@ -313,7 +320,7 @@ def free_running_divergence(module: nn.Module, inputs: Tensor,
     >>> list(d.layers), d.max_abs_diff_h < 1e-5
     (['layer0'], True)
     """
-    _, h0, c0 = _check(module, inputs, state)
+    _, h0, c0 = check_inputs(module, inputs, state)
     hs = _sequence_h(module, inputs, h0, c0)
     x = inputs if module.batch_first else inputs.transpose(0, 1)
     tr = trace_fn(module, x, state, names=[n + ".h" for n in hs])
