@@ -81,31 +81,33 @@ def test_bidirectional_reports_the_larger_direction() -> None:
     assert d.lyapunov_per_char == pytest.approx(math.log(1.5), abs=1e-9)
 
 
-def test_equals_central_differences_through_pytorchs_own_step() -> None:
-    """Independent of equations.py: PyTorch's LSTM stepped from s ± εv, same start vectors."""
+@pytest.mark.parametrize("proj", [0, 3])
+def test_equals_central_differences_through_pytorchs_own_step(proj: int) -> None:
+    """Independent of equations.py: PyTorch's LSTM stepped from s ± εv, same start vectors,
+    from a given initial state; with a projection h has P units, c has H."""
     torch.manual_seed(3)
-    m = nn.LSTM(4, 6, num_layers=2, batch_first=True).to(F64).eval()
+    m = nn.LSTM(4, 6, num_layers=2, batch_first=True, proj_size=proj).to(F64).eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.startswith("weight"):
                 p.mul_(4)
-    B, T, burn, eps = 3, 30, 5, 1e-6
+    B, T, burn, eps, P = 3, 30, 5, 1e-6, proj or 6
     x = torch.randn(B, T, 4, dtype=F64)
-    d = divergence_rate(m, x, seed=7, burn_in=burn)
-    v = torch.randn(B, 24, generator=torch.Generator().manual_seed(7), dtype=F64)
-    v = v / v.norm(dim=-1, keepdim=True)  # layout h0 | c0 | h1 | c1, 6 each
-    h, c = torch.zeros(2, B, 6, dtype=F64), torch.zeros(2, B, 6, dtype=F64)
+    h, c = torch.randn(2, B, P, dtype=F64), torch.randn(2, B, 6, dtype=F64)
+    d = divergence_rate(m, x, seed=7, burn_in=burn, state=(h, c))
+    v = torch.randn(B, 2 * (P + 6), generator=torch.Generator().manual_seed(7), dtype=F64)
+    v = v / v.norm(dim=-1, keepdim=True)  # layout h0 | c0 | h1 | c1
     total = torch.zeros(B, dtype=F64)
     for t in range(T):
-        vh = torch.stack([v[:, 0:6], v[:, 12:18]])  # (2, B, 6)
-        vc = torch.stack([v[:, 6:12], v[:, 18:24]])
+        parts = v.split([P, 6, P, 6], dim=-1)
+        vh, vc = torch.stack(parts[0::2]), torch.stack(parts[1::2])  # (2, B, P), (2, B, 6)
         xt = x[:, t : t + 1]
         with torch.no_grad():
             _, (hp, cp) = m(xt, (h + eps * vh, c + eps * vc))
             _, (hm, cm) = m(xt, (h - eps * vh, c - eps * vc))
             _, (h, c) = m(xt, (h, c))
         dh, dc = (hp - hm) / (2 * eps), (cp - cm) / (2 * eps)
-        jv = torch.cat([dh[0], dc[0], dh[1], dc[1]], dim=-1)  # (B, 24)
+        jv = torch.cat([dh[0], dc[0], dh[1], dc[1]], dim=-1)  # (B, S)
         g = jv.norm(dim=-1)
         if t >= burn:
             total += torch.log(g)

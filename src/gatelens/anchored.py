@@ -21,7 +21,8 @@ things here keep the read-out on the module's own trajectory:
 run on its own outputs drifts from PyTorch's h.
 
 Inputs are padded, batch-first ``(B, T, F)`` tensors whatever the module's
-``batch_first``; a state is what the module takes (``(L·D, B, H_out)``, and c).
+``batch_first``; a state is what the module takes (``(L·D, B, H_out)``, and c). On CUDA,
+TF32 is off throughout (METHODS.md: the one-step check is of float32, not TF32, numerics).
 
 >>> import torch
 >>> lstm = torch.nn.LSTM(3, 4, num_layers=2)
@@ -42,7 +43,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from gatelens.cells import copy_layers
+from gatelens.cells import copy_layers, faithful_matmul
 from gatelens.equations import cell_weights, lstm_gates, lstm_output, step
 from gatelens.trace import State, check_module
 from gatelens.trace import trace as trace_fn
@@ -87,7 +88,7 @@ def check_inputs(module: nn.Module, inputs: object,
 
 
 def _run(module: nn.RNNBase, x: Tensor, state: State) -> tuple[Tensor, tuple | Tensor]:
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), faithful_matmul(x.device), warnings.catch_warnings():
         # oneDNN cannot do projections and says so; the fallback is PyTorch's own path.
         warnings.filterwarnings("ignore", message=".*projections is not supported with oneDNN")
         return module(x, state)
@@ -234,7 +235,7 @@ def one_step_errors(module: nn.Module, inputs: Tensor, state: State = None,
     D = 2 if module.bidirectional else 1
     hs = {n[:-2]: t for n, t in st.items() if n.endswith(".h")}
     layers = []
-    with torch.no_grad():
+    with torch.no_grad(), faithful_matmul(inputs.device):  # TF32 is not float32
         for k, reverse, name in _directions(module):
             j = k * D + int(reverse)
             X = _layer_input(module, inputs, hs, k)  # (B, T, F_k)
@@ -270,7 +271,7 @@ def anchored_signals(module: nn.Module, inputs: Tensor, state: State = None
     hs = _sequence_h(module, inputs, h0, c0)
     D = 2 if module.bidirectional else 1
     out: dict[str, Tensor] = {}
-    with torch.no_grad():
+    with torch.no_grad(), faithful_matmul(inputs.device):  # TF32 is not float32
         for k, reverse, name in _directions(module):
             j = k * D + int(reverse)
             w = cell_weights(module, k, reverse)

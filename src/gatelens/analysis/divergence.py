@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..anchored import State, check_inputs, module_states
+from ..cells import faithful_matmul
 from ..equations import CellWeights, cell_weights, step
 from .common import finite_or_none
 
@@ -151,7 +152,7 @@ def _rate(ws: list[CellWeights], xs: list[Tensor], traj: list[Tensor], init: lis
     per = len(traj) // len(ws)  # parts per layer: 2 (h, c) or 1 (h)
     total = torch.zeros(B, dtype=torch.float64, device=dev)
     prev = list(init)  # the state each step reads, (B, ·) per part
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), faithful_matmul(dev):
         # PyTorch's forward-AD decompositions warn, when first loaded, that torch.jit is
         # deprecated: their own business, not the caller's.
         warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
