@@ -9,8 +9,8 @@ things here keep the read-out on the module's own trajectory:
   of eval copies of the layers up to k), and the LSTM's c from PyTorch's own cell run one
   step at a time. The h passed along between those step calls is the module's output
   h_{t−1}, not the call's own: on CPU the two are bitwise equal (``one_step_errors``
-  reports the difference), and where a fused kernel rounds differently (cuDNN) this
-  keeps c on the module's trajectory instead of a free-running one.
+  reports the difference), and where a fused kernel rounds differently (cuDNN; not yet
+  measured) this keeps c on the module's trajectory instead of a free-running one.
 - ``one_step_errors``: each step of the hand cell (equations.py) fed PyTorch's state at
   t − 1 and compared with PyTorch's state at t; every state, and every layer's input,
   comes from that one PyTorch computation. This is the read-out's own error.
