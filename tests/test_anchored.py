@@ -1,0 +1,205 @@
+"""The anchored read-out and the one-step check, on contracting and on chaotic models.
+
+A chaotic model (every weight_ih / weight_hh × 16) is where the two verification figures
+part: each step of the hand cell is right (one-step error ≤ 1e-5), yet the step-by-step
+re-run run on its own outputs ends on another trajectory (free-running divergence ~1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import gatelens.anchored as anchored
+from gatelens.anchored import (
+    anchored_signals,
+    free_running_divergence,
+    module_states,
+    one_step_errors,
+)
+from gatelens.trace import trace
+
+# oneDNN has no projected LSTM and warns once before using PyTorch's own path.
+pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")
+B, T, F, H = 8, 64, 64, 128
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Two shared cores: a second OpenMP thread spins against other jobs (10× slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def scaled(module: nn.RNNBase, factor: float, dtype: torch.dtype) -> nn.RNNBase:
+    """``module`` with every weight_ih / weight_hh multiplied by ``factor`` (eval, ``dtype``)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.startswith(("weight_ih", "weight_hh")):
+                p.mul_(factor)
+    return module.to(dtype).eval()
+
+
+def chaotic(kind: str, factor: float, dtype: torch.dtype, seed: int = 0) -> nn.RNNBase:
+    torch.manual_seed(seed)
+    m = {"lstm": lambda: nn.LSTM(F, H, num_layers=2, batch_first=True),
+         "gru": lambda: nn.GRU(F, H, num_layers=2, batch_first=True),
+         "bilstm": lambda: nn.LSTM(F, H, num_layers=2, batch_first=True, bidirectional=True),
+         }[kind]()
+    return scaled(m, factor, dtype)
+
+
+def inputs(dtype: torch.dtype, one_hot: bool, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if one_hot:
+        return nn.functional.one_hot(torch.randint(0, F, (B, T), generator=g), F).to(dtype)
+    return torch.randn(B, T, F, generator=g, dtype=dtype)
+
+
+CHAOTIC = [("lstm", 16, True), ("lstm", 8, False), ("gru", 16, False), ("bilstm", 16, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind,factor,one_hot", CHAOTIC)
+def test_one_step_passes_where_free_running_parts(kind: str, factor: float, one_hot: bool,
+                                                  dtype: torch.dtype) -> None:
+    m = chaotic(kind, factor, dtype)
+    x = inputs(dtype, one_hot)
+    err = one_step_errors(m, x)
+    assert err.passed, err.to_dict()
+    assert err.one_step_max_abs_diff_h <= 1e-5
+    assert len(err.layers) == (4 if kind == "bilstm" else 2)
+    if kind != "gru":
+        assert err.one_step_max_scaled_diff_c <= 1e-5
+        assert err.one_step_max_abs_diff_c is not None
+        # the step calls that gave c sat on the module's own trajectory
+        assert err.stepped_vs_sequence_max_abs_diff_h <= 1e-12
+    if factor == 16:
+        free = free_running_divergence(m, x)
+        if dtype == torch.float32:
+            assert free.max_abs_diff_h > 1e-3, free
+        else:  # float64 rounding starts 1e9 times smaller, and has 64 steps to grow
+            assert free.max_abs_diff_h > 1e5 * err.one_step_max_abs_diff_h, free
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "bilstm"])
+def test_plain_random_models_anchored_equals_trace(kind: str) -> None:
+    m = chaotic(kind, 1, torch.float32)  # × 1: PyTorch's own initialisation, contracting
+    x = inputs(torch.float32, one_hot=False)
+    sig, tr = anchored_signals(m, x), trace(m, x)
+    assert max(float((sig[n] - tr[n]).abs().max()) for n in tr) <= 1e-5
+    assert free_running_divergence(m, x).max_abs_diff_h <= 1e-5
+
+
+def test_only_the_anchored_read_out_follows_a_chaotic_module() -> None:
+    m = chaotic("lstm", 16, torch.float32)
+    x = inputs(torch.float32, one_hot=True)
+    with torch.no_grad():
+        out, (h_n, c_n) = m(x)
+    sig = anchored_signals(m, x)
+    tr = trace(m, x)
+    assert (sig["layer1.h"] - out).abs().max() <= 1e-5  # the module's own trajectory
+    assert (tr["layer1.h"] - out).abs().max() > 1e-3  # another one, each step right
+    c_scale = c_n[1].abs().clamp(min=1.0)
+    assert ((sig["layer1.c"][:, -1] - c_n[1]).abs() / c_scale).max() <= 1e-5
+
+
+CONTRACTING = {
+    "lstm2": lambda: nn.LSTM(5, 16, num_layers=2, batch_first=True),
+    "lstm_tm": lambda: nn.LSTM(5, 16, num_layers=2),  # batch_first=False, fed (B, T, F)
+    "gru2": lambda: nn.GRU(5, 16, num_layers=2, batch_first=True),
+    "bilstm2": lambda: nn.LSTM(5, 16, num_layers=2, bidirectional=True, batch_first=True),
+    "bigru": lambda: nn.GRU(5, 16, bidirectional=True, batch_first=True),
+    "rnn_relu": lambda: nn.RNN(5, 16, nonlinearity="relu", num_layers=2, batch_first=True),
+    "rnn_tanh_nobias": lambda: nn.RNN(5, 16, bias=False, batch_first=True),
+    "proj": lambda: nn.LSTM(5, 16, proj_size=6, num_layers=2, bidirectional=True,
+                            batch_first=True),
+}
+
+
+def _state(m: nn.RNNBase, gen: torch.Generator, Bn: int) -> torch.Tensor | tuple:
+    LD = m.num_layers * (2 if m.bidirectional else 1)
+    h0 = torch.randn(LD, Bn, getattr(m, "proj_size", 0) or m.hidden_size, generator=gen)
+    return (h0, torch.randn(LD, Bn, m.hidden_size, generator=gen)) if isinstance(
+        m, nn.LSTM) else h0
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("name", list(CONTRACTING))
+def test_anchored_equals_trace_on_contracting_models(name: str, with_state: bool) -> None:
+    torch.manual_seed(0)
+    m = CONTRACTING[name]().eval()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 20, 5, generator=gen)  # (B, T, F) whatever m.batch_first
+    state = _state(m, gen, 4) if with_state else None
+    sig = anchored_signals(m, x, state)
+    tr = trace(m, x if m.batch_first else x.transpose(0, 1), state)
+    assert list(sig) == list(tr)  # the same names, in the same order
+    for n in sig:
+        assert sig[n].shape == tr[n].shape, n
+        assert (sig[n] - tr[n]).abs().max() <= 1e-5, n
+    err = one_step_errors(m, x, state)
+    assert err.passed and err.one_step_max_abs_diff_h <= 1e-6
+    assert free_running_divergence(m, x, state).max_abs_diff_h <= 1e-5
+
+
+def test_module_states_are_pytorchs_own() -> None:
+    """h is the module's output; the last c is the module's c_n (forward end, reverse start)."""
+    torch.manual_seed(2)
+    m = nn.LSTM(5, 16, num_layers=2, bidirectional=True, batch_first=True).eval()
+    x = torch.randn(3, 12, 5)
+    st = module_states(m, x)
+    assert list(st) == ["layer0.c", "layer0.h", "layer0.reverse.c", "layer0.reverse.h",
+                        "layer1.c", "layer1.h", "layer1.reverse.c", "layer1.reverse.h"]
+    with torch.no_grad():
+        out, (h_n, c_n) = m(x)
+    assert torch.equal(torch.cat([st["layer1.h"], st["layer1.reverse.h"]], -1), out)
+    assert (st["layer1.c"][:, -1] - c_n[2]).abs().max() <= 1e-6
+    assert (st["layer1.reverse.c"][:, 0] - c_n[3]).abs().max() <= 1e-6
+    assert (st["layer0.reverse.c"][:, 0] - c_n[1]).abs().max() <= 1e-6
+
+
+def test_one_step_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand cell off by 1e-4 in h fails; off in c only, the c figure catches it."""
+    m = nn.LSTM(5, 8).eval()
+    x = torch.randn(2, 6, 5)
+    real = anchored.step
+
+    def off(key: str):
+        def stepped(*args):
+            sig = real(*args)
+            sig[key] = sig[key] + 1e-4
+            return sig
+        return stepped
+
+    monkeypatch.setattr(anchored, "step", off("h"))
+    bad = one_step_errors(m, x)
+    assert not bad.passed and bad.one_step_max_abs_diff_h == pytest.approx(1e-4, rel=1e-2)
+    monkeypatch.setattr(anchored, "step", off("c"))
+    bad = one_step_errors(m, x)
+    assert not bad.passed and bad.one_step_max_abs_diff_h < 1e-6
+    assert bad.to_dict()["passed"] is False and bad.one_step_max_scaled_diff_c > 1e-5
+
+
+def test_inputs_are_checked() -> None:
+    m = nn.GRU(5, 8, batch_first=True)
+    x = torch.randn(2, 6, 5)
+    packed = pack_padded_sequence(x, torch.tensor([6, 4]), batch_first=True)
+    with pytest.raises(ValueError, match="PackedSequence"):
+        anchored_signals(m, packed)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"\(B, T, F\)"):
+        one_step_errors(m, torch.randn(6, 5))
+    with pytest.raises(TypeError, match="dtype"):
+        module_states(m, x.double())
+    with pytest.raises(ValueError, match="h0 must be"):
+        anchored_signals(m, x, torch.zeros(1, 3, 8))
+    with pytest.raises(ValueError, match="c0 must be"):
+        anchored_signals(nn.LSTM(5, 8), x, (torch.zeros(1, 2, 8), torch.zeros(2, 2, 8)))
+    with pytest.raises(TypeError, match="nn.LSTM"):
+        one_step_errors(nn.Linear(5, 8), x)  # type: ignore[arg-type]
