@@ -33,7 +33,7 @@ def random_analysis(cell: str, windows: int = 5, length: int = 40, hidden: int =
     """
     import torch
 
-    from gatelens.analyze import measure
+    from gatelens.analyze import encoder_runner, measure
 
     text = make_text(n_lines=60, seed=seed)
     chars = sorted(set(text))
@@ -43,12 +43,16 @@ def random_analysis(cell: str, windows: int = 5, length: int = 40, hidden: int =
     cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn_tanh": torch.nn.RNN}[cell]
     torch.manual_seed(seed)
     model, untrained = (cls(len(chars), hidden, layers, batch_first=True) for _ in range(2))
+    head = torch.nn.Linear(hidden, len(chars))  # so the output-level reach has logits
 
     def encode(i):
         return torch.nn.functional.one_hot(i, len(chars)).float()
 
-    return measure(model, encode, ids, chars, perturb_pos=perturb_pos, seed=seed,
-                   baseline=(0, untrained, encode),
+    def logits(i):
+        return head(model(encode(i))[0])  # (B, T, V)
+
+    return measure(model, encoder_runner(encode, logits), ids, chars, perturb_pos=perturb_pos,
+                   seed=seed, baseline=(0, untrained, encoder_runner(encode)),
                    model={"cell": cell, "hidden": hidden, "layers": layers, "step": 5},
                    text={"windows": windows, "length": length, "source": "make_text"})
 

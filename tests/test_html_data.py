@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gatelens.analyze import measure
+from gatelens.analyze import encoder_runner, measure
 from gatelens.report.html import HtmlReport, rebuild_html, render_html
 from gatelens.report.html_data import dequantize, half_life, page_data, quantize
 from gatelens.report.write import write_analysis
@@ -122,7 +122,8 @@ def test_seed_size_page_within_5_mb(tmp_path: Path) -> None:
     chars = [chr(32 + k) for k in range(84)] + ["\n"]  # V = 85
     lstm = torch.nn.LSTM(85, 325, batch_first=True)  # the seed's size
     ids = torch.randint(0, 85, (32, 128), generator=g)  # (B, T)
-    a = measure(lstm, lambda i: torch.nn.functional.one_hot(i, 85).float(), ids, chars)
+    a = measure(lstm, encoder_runner(lambda i: torch.nn.functional.one_hot(i, 85).float()),
+                ids, chars)
     write_analysis(a, tmp_path)  # report.json, report.md, plots and the page
     size = (tmp_path / "report.html").stat().st_size
     print(f"seed-size report.html: {size / 1e6:.2f} MB")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
 
 from .analysis import (
     CharClasses,
@@ -31,12 +32,39 @@ from .analysis import (
     perturbation_decay,
     unit_timescales,
 )
+from .analysis.divergence import DivergenceRate, divergence_rate
+from .analysis.reach import OutputReach, output_reach
 from .errors import GatelensError
 from .model import initial_keep_value
 from .runs import checkpoint_steps, load_run, run_windows
-from .trace import trace
+from .trace import State, trace
 from .trace_types import Trace
 from .verify import VerifyResult, verify
+
+BURN_IN = 16  # steps of burn-in before the divergence rate is summed
+
+
+@dataclass
+class Captured:
+    """What one forward pass of a model gave for one of its recurrent modules."""
+
+    inputs: Tensor | PackedSequence  # the module's input, as the module was called
+    state: State = None  # the initial state it was called with (None: zeros)
+    logits: Tensor | None = None  # (B, T, V) the model's next-token logits, if it gives them
+
+
+#: ids (B, T) -> what the recurrent module saw when the model read them.
+Runner = Callable[[Tensor], Captured]
+
+
+def encoder_runner(encode: Callable[[Tensor], Tensor],
+                   logits: Callable[[Tensor], Tensor] | None = None) -> Runner:
+    """A runner for a module fed ``encode(ids)`` directly (a gatelens run: one-hot or an
+    embedding), with the model's logits from ``logits(ids)`` when given."""
+    def run(ids: Tensor) -> Captured:
+        with torch.no_grad():
+            return Captured(encode(ids), None, None if logits is None else logits(ids))
+    return run
 
 
 @dataclass
@@ -67,6 +95,9 @@ class Analysis:
     perturbation: PerturbationDecay  # holds the decay curves at every lag
     decomposition: dict[str, Tensor] | None  # measured / forget_path / return_path (B, T, S)
     char_classes: CharClasses
+    divergence: DivergenceRate | None = None  # None: not defined for this input (packed)
+    reach: OutputReach | None = None  # None: the model gives no per-step logits
+    reach_note: str | None = None  # why there is no output-level reach
     baseline: Baseline | None = None
     history: dict | None = None  # validation loss over training (runs only)
     best_step: int | None = None
@@ -110,20 +141,21 @@ def _say(progress: bool, msg: str) -> None:
         print(f"gatelens analyze: {msg}", file=sys.stderr)
 
 
-def measure(module: nn.Module, encode: Callable[[Tensor], Tensor], ids: Tensor, chars: list[str],
-            *, perturb_pos: int = 32, seed: int = 0, init_value: float = 0.5,
-            baseline: tuple[int, nn.Module, Callable[[Tensor], Tensor]] | None = None,
+def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
+            perturb_pos: int = 32, seed: int = 0, init_value: float = 0.5,
+            baseline: tuple[int, nn.Module, Runner] | None = None,
             model: dict | None = None, text: dict | None = None,
             timings: dict | None = None) -> Analysis:
     """Every measurement of one recurrent ``module`` on windows ``ids`` (B, T).
 
-    ``encode`` maps ids to the module's input; ``baseline`` is (step, module, encode) of the
-    untrained model; ``model`` and ``text`` are report.json's blocks of the same names.
+    ``runner(ids)`` returns what the module saw when the model read ``ids`` (its input and
+    state, and the model's logits); ``baseline`` is (step, module, runner) of the untrained
+    model; ``model`` and ``text`` are report.json's blocks of the same names.
 
     >>> lstm = torch.nn.LSTM(3, 4, batch_first=True)
     >>> ids = torch.randint(0, 3, (2, 12))
-    >>> a = measure(lstm, lambda i: torch.nn.functional.one_hot(i, 3).float(), ids,
-    ...             list("abc"), perturb_pos=4)
+    >>> a = measure(lstm, encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),
+    ...             ids, list("abc"), perturb_pos=4)
     >>> a.verification.passed, a.perturbation.lags, a.units.n_units
     (True, [1, 2, 4], 4)
     """
@@ -133,16 +165,27 @@ def measure(module: nn.Module, encode: Callable[[Tensor], Tensor], ids: Tensor, 
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     perturbed = perturb_windows(ids, perturb_pos, len(chars), seed)  # (B, T)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        x = encode(ids)  # (B, T, F)
-        tr = trace(module, x)
-        tr2 = trace(module, encode(perturbed))
-        base_tr = None if baseline is None else trace(baseline[1], baseline[2](ids))
+    cap, cap2 = runner(ids), runner(perturbed)
+    tr = trace(module, cap.inputs, cap.state)
+    tr2 = trace(module, cap2.inputs, cap2.state)
+    base_tr = None
+    if baseline is not None:
+        b = baseline[2](ids)
+        base_tr = trace(baseline[1], b.inputs, b.state)
     clock["trace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ver = verify(module, x, trace=tr)
+    ver = verify(module, cap.inputs, cap.state, trace=tr)
     clock["verification"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    div = None
+    if not isinstance(cap.inputs, PackedSequence):
+        x = cap.inputs if module.batch_first or cap.inputs.ndim == 2 else cap.inputs.transpose(0, 1)
+        # docs/methods.md's burn-in of 16 steps; half the window when windows are shorter
+        div = divergence_rate(module, x if x.ndim == 3 else x[None], seed=seed,
+                              burn_in=min(BURN_IN, ids.shape[1] // 2), state=cap.state)
+    clock["divergence"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reach, note = _reach(cap.logits, cap2.logits, ids, perturb_pos, len(chars))
     dec = decompose(tr, tr2, perturb_pos)
     base = None if base_tr is None else Baseline(
         baseline[0], base_tr, gate_distributions(base_tr), unit_timescales(base_tr, init_value))
@@ -154,9 +197,23 @@ def measure(module: nn.Module, encode: Callable[[Tensor], Tensor], ids: Tensor, 
         trace=tr, trace_perturbed=tr2, verification=ver, gates=gate_distributions(tr),
         units=unit_timescales(tr, init_value),
         perturbation=perturbation_decay(tr, tr2, perturb_pos, decomposition=dec),
-        decomposition=dec, char_classes=char_classes(tr, ids, chars), baseline=base)
+        decomposition=dec, char_classes=char_classes(tr, ids, chars), divergence=div,
+        reach=reach, reach_note=note, baseline=base)
     clock["analyses"] = time.perf_counter() - t0
     return a
+
+
+def _reach(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor, position: int,
+           vocab: int) -> tuple[OutputReach | None, str | None]:
+    """Output-level reach when the model's output is next-token logits (B, T, V)."""
+    B, T = ids.shape
+    if clean is None or perturbed is None:
+        return None, "the model gave no output to compare"
+    if not isinstance(clean, Tensor) or tuple(clean.shape) != (B, T, vocab):
+        shape = tuple(clean.shape) if isinstance(clean, Tensor) else type(clean).__name__
+        return None, (f"the model's output {shape} is not next-token logits ({B}, {T}, "
+                      f"{vocab}), so only the state measurements apply")
+    return output_reach(clean, perturbed, position), None
 
 
 def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path | None = None,
@@ -183,11 +240,14 @@ def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path
     base = load_run(run, 0) if 0 in checkpoint_steps(run) else None
     clock["load"] = time.perf_counter() - t0
     _say(progress, f"tracing {windows} windows of {length} characters")
+    model = loaded.model
     a = measure(
-        loaded.model.rnn, loaded.model.encode, ids, list(loaded.vocab.chars),
+        model.rnn, encoder_runner(model.encode, lambda i: model(i)[0]), ids,
+        list(loaded.vocab.chars),
         perturb_pos=perturb_pos, seed=int(cfg["train"].get("seed", 0)),
         init_value=initial_keep_value(cfg["train"].get("forget_bias")),
-        baseline=None if base is None else (base.step, base.model.rnn, base.model.encode),
+        baseline=None if base is None else (base.step, base.model.rnn,
+                                            encoder_runner(base.model.encode)),
         model={"cell": m["cell"], "hidden": m["hidden"], "layers": m["layers"],
                "step": loaded.step, "checkpoint": str(checkpoint),
                "nonlinearity": m.get("nonlinearity", "tanh") if m["cell"] == "rnn" else None,

@@ -43,8 +43,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from gatelens.cells import copy_layers, faithful_matmul
 from gatelens.equations import cell_weights, lstm_gates, lstm_output, step
+from gatelens.reference import copy_layers, faithful_matmul
 from gatelens.trace import State, check_module
 from gatelens.trace import trace as trace_fn
 from gatelens.trace_types import gate_names

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gatelens.cells import CELL_OF_MODE
+from gatelens.cellspec import cell_of_mode
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ def cell_weights(module: nn.RNNBase, layer: int = 0, reverse: bool = False,
     >>> w.cell, tuple(w.w_ih.shape), w.hidden_size
     ('gru', (9, 2), 3)
     """
-    if not isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) or module.mode not in CELL_OF_MODE:
+    cell = cell_of_mode(module.mode) if isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) else None
+    if cell is None:
         raise TypeError(f"cell_weights takes an nn.LSTM, nn.GRU or nn.RNN; "
                         f"got {type(module).__name__}")
     if not 0 <= layer < module.num_layers:
@@ -76,7 +77,6 @@ def cell_weights(module: nn.RNNBase, layer: int = 0, reverse: bool = False,
         p = getattr(module, name + sfx, None)
         return None if p is None else p.detach().to(dtype=dtype or p.dtype)
 
-    cell = CELL_OF_MODE[module.mode]
     w_hr = get("weight_hr") if cell == "lstm" and module.proj_size > 0 else None
     return CellWeights(cell, get("weight_ih"), get("weight_hh"), get("bias_ih"),
                        get("bias_hh"), w_hr)

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor, nn
 
 from ..anchored import State, check_inputs, module_states
-from ..cells import faithful_matmul
 from ..equations import CellWeights, cell_weights, step
+from ..reference import faithful_matmul
 from .common import finite_or_none
 
 

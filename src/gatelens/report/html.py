@@ -112,9 +112,9 @@ def write_html(analysis: Analysis, max_windows: int | None = None) -> Path:
 
     >>> import tempfile, torch
     >>> from pathlib import Path
-    >>> from gatelens.analyze import measure
+    >>> from gatelens.analyze import encoder_runner, measure
     >>> a = measure(torch.nn.GRU(3, 4, batch_first=True),
-    ...             lambda i: torch.nn.functional.one_hot(i, 3).float(),
+    ...             encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),
     ...             torch.randint(0, 3, (2, 12)), list("ab "), perturb_pos=4)
     >>> a.out = Path(tempfile.mkdtemp())
     >>> write_html(a).name, sorted(p.name for p in a.out.iterdir())
@@ -135,10 +135,10 @@ def rebuild_html(out_dir: str | Path) -> Path:
     analysis written by ``write_html``.
 
     >>> import tempfile, torch
-    >>> from gatelens.analyze import measure
+    >>> from gatelens.analyze import encoder_runner, measure
     >>> from gatelens.report.write import write_analysis
     >>> a = measure(torch.nn.RNN(3, 4, batch_first=True),
-    ...             lambda i: torch.nn.functional.one_hot(i, 3).float(),
+    ...             encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),
     ...             torch.randint(0, 3, (2, 12)), list("ab "), perturb_pos=4)
     >>> first = write_analysis(a, tempfile.mkdtemp()).out.joinpath("report.html").read_text()
     >>> rebuild_html(a.out).read_text() == first

@@ -190,9 +190,9 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
     ``units`` (layer -> per-unit table), ``perturb``, ``report``, ``plots``.
 
     >>> import torch
-    >>> from gatelens.analyze import measure
+    >>> from gatelens.analyze import encoder_runner, measure
     >>> a = measure(torch.nn.LSTM(3, 4, batch_first=True),
-    ...             lambda i: torch.nn.functional.one_hot(i, 3).float(),
+    ...             encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),
     ...             torch.randint(0, 3, (3, 12)), list("ab "), perturb_pos=4)
     >>> d = page_data(a)
     >>> d["meta"]["signals"], d["meta"]["shown"], d["models"]["trained"]["layer0"]["f"]["shape"]
