@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from gatelens.analyze import add_arguments as add_analyze_arguments
+from gatelens.cli import add_analyze_arguments
 from gatelens.errors import GatelensError
 from gatelens.foreign import ForeignModel, add_foreign_arguments, foreign_from_args, load_foreign
 from gatelens.foreign_io import PICKLED, read_tensors, read_vocab

@@ -50,7 +50,8 @@ def report(cell: str = "lstm") -> dict:
     return build_report(SimpleNamespace(
         model={"cell": cell, "hidden": 3, "layers": 1, "step": 40},
         text={"windows": 4, "length": 8, "source": "test"},
-        verification=VerifyResult(cell, [], 1e-7, c, max_scaled_diff_c=c), gates=gates,
+        verification=VerifyResult(cell, [], 1e-7, c, c, 2e-7), gates=gates,
+        divergence=None, reach=None, reach_note="no logits",
         units=units, perturbation=decay(rnn), char_classes=classes,
         baseline=Baseline(0, None, gates, base_units),
         history={"step": [0, 20, 40], "val_loss": [4.0, 3.0, 3.1], "train_step": [1, 2],
@@ -65,7 +66,7 @@ def test_report_validates_and_writes(cell, tmp_path):
     assert json.loads((tmp_path / "report.json").read_text()) == rep
     top = ["version", "model", "text", "verification", "gates", "units", "perturbation",
            "char_classes", "baseline"]
-    assert list(rep)[:len(top)] == top and rep["version"] == 1
+    assert list(rep)[:len(top)] == top and rep["version"] == 2
 
 
 def test_rnn_keys_are_null_not_missing():
@@ -76,7 +77,7 @@ def test_rnn_keys_are_null_not_missing():
     assert rep["units"]["forget_mean"] is None and rep["units"]["n_units"] == 3
     assert set(rep["units"]) >= {"gate", "init_value", "below_init", "half_life_ge_10",
                                  "half_life"}
-    assert rep["verification"]["max_abs_diff_c"] is None
+    assert rep["verification"]["one_step_max_abs_diff_c"] is None
 
 
 def test_infinities_become_null():

@@ -111,7 +111,7 @@ def test_chunked_equals_one_shot_exactly(cell):
     g = torch.Generator().manual_seed(5)
     h0 = torch.randn(2, 3, 5, generator=g)
     state = (h0, torch.randn(2, 3, 5, generator=g)) if cell is nn.LSTM else h0
-    full = trace(m, x, state)
+    full = trace(m, x, state, method="step")  # chunks re-run steps; so does this
     for chunk in (1, 4, 7, 23, 100):
         part = trace_chunked(m, x, chunk=chunk, state=state)
         assert list(part) == list(full)
@@ -125,7 +125,7 @@ def test_chunked_equals_one_shot_exactly(cell):
 def test_names_keep_only_some():
     m = nn.LSTM(3, 4, num_layers=2, batch_first=True)
     x = x_for(m, T=9)
-    tr = trace(m, x, names=["layer1.f", "layer0.c"])
+    tr = trace(m, x, names=["layer1.f", "layer0.c"], method="step")
     assert list(tr) == ["layer1.f", "layer0.c"]
     part = trace_chunked(m, x, chunk=4, names=["layer1.f"])
     assert list(part) == ["layer1.f"] and torch.equal(part["layer1.f"], tr["layer1.f"])
@@ -193,7 +193,8 @@ def test_verify_every_layer(cell, bi):
     assert res.max_abs_diff_h < 1e-5 and all(x.max_abs_diff_h < 1e-5 for x in res.layers)
     assert (res.max_abs_diff_c is None) == (cell is not nn.LSTM)
     d = res.to_dict()
-    assert d["passed"] is True and len(d["layers"]) == 3 * D and "max_abs_diff_h" in d
+    assert d["passed"] is True and len(d["layers"]) == 3 * D and "one_step_max_abs_diff_h" in d
+    assert res.free_running_max_abs_diff_h < 1e-5 and not res.chaotic
 
 
 def test_verify_catches_a_wrong_trace_in_a_middle_layer():
@@ -202,9 +203,9 @@ def test_verify_catches_a_wrong_trace_in_a_middle_layer():
     tr = trace(m, x)
     tr["layer1.h"][0, 2, 1] += 0.01  # corrupt layer 1 only; the module never shows it
     res = verify(m, x, trace=tr)
-    assert not res.passed
-    assert res.layers[1].max_abs_diff_h == pytest.approx(0.01, rel=1e-3)
-    assert res.layers[0].max_abs_diff_h < 1e-5 and res.layers[2].max_abs_diff_h < 1e-5
+    assert not res.passed and res.passes_one_step  # the read-out is right; this trace is not
+    assert res.trace_max_abs_diff_h == pytest.approx(0.01, rel=1e-3)
+    assert "not the module's trajectory" in res.explain()
 
 
 def test_verify_packed_state_and_float64():
@@ -217,7 +218,8 @@ def test_verify_packed_state_and_float64():
 
 @pytest.mark.parametrize("cell", ["lstm", "lstm_proj", "gru", "rnn_tanh", "rnn_relu"])
 @pytest.mark.parametrize("bi", [False, True])
-def test_parallel_method_agrees_with_step(cell, bi):
+def test_anchored_method_agrees_with_step(cell, bi):
+    """On a contracting model the anchored read-out and the step re-run agree."""
     kw = dict(num_layers=2, bidirectional=bi, batch_first=True)
     if cell.startswith("lstm"):
         m = nn.LSTM(3, 5, proj_size=2 if cell == "lstm_proj" else 0, **kw)
@@ -230,8 +232,9 @@ def test_parallel_method_agrees_with_step(cell, bi):
     g = torch.Generator().manual_seed(4)
     h0 = torch.randn(2 * D, 3, H_out, generator=g)
     state = (h0, torch.randn(2 * D, 3, 5, generator=g)) if cell.startswith("lstm") else h0
-    step, par = trace(m, x, state), trace(m, x, state, method="parallel")
-    assert list(step) == list(par) and par.meta["method"] == "parallel"
+    step, par = trace(m, x, state, method="step"), trace(m, x, state)
+    assert list(step) == list(par) and par.meta["method"] == "anchored"
+    assert trace(m, x, state, method="parallel").meta["method"] == "anchored"  # former name
     for name in step:
         assert step[name].shape == par[name].shape
         assert (step[name] - par[name]).abs().max() < 1e-5, name

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +41,9 @@ from .runs import checkpoint_steps, load_run, run_windows
 from .trace import State, trace
 from .trace_types import Trace
 from .verify import VerifyResult, verify
+
+if TYPE_CHECKING:
+    from .foreign import ForeignModel
 
 BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 
@@ -261,3 +265,23 @@ def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path
     _say(progress, f"wrote {a.out / 'report.json'}, report.md, report.html and "
                    f"{len(a.plots)} plots")
     return a
+
+
+def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int = 32,
+                    length: int = 128, perturb_pos: int = 32, out: str | Path,
+                    seed: int = 0) -> Analysis:
+    """Analyse weights gatelens did not train (``gatelens.foreign``) on the first windows of
+    a text file; writes the same files as ``analyze``."""
+    from .corpus import Vocab, analysis_windows, read_text_file
+    from .report.write import write_analysis
+
+    ids = analysis_windows(Vocab(list(model.vocab)), windows, length,
+                           text=read_text_file(text), where=str(text))  # (B, T)
+    spec = trace(model.rnn, model.encode(ids[:1, :1])).spec
+    a = measure(model.rnn, encoder_runner(model.encode, model if model.head is not None
+                                          else None), ids, list(model.vocab),
+                perturb_pos=perturb_pos, seed=seed,
+                model={"cell": spec.family, "hidden": model.hidden, "layers": model.layers,
+                       "step": None, "path": model.prefix.rstrip("."), "weights": model.source},
+                text={"windows": windows, "length": length, "source": str(text)})
+    return write_analysis(a, out)

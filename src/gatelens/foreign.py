@@ -30,11 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cellspec import FAMILIES, family_spec
 from .errors import GatelensError
 from .foreign_io import PathLike, read_tensors, read_vocab
 from .model import CELLS
 
-GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # row blocks stacked in weight_ih / weight_hh
+#: Row blocks stacked in weight_ih / weight_hh of each --cell family (the cell table).
+GATES = {f: family_spec(f).n_chunks for f in FAMILIES}
 M = TypeVar("M", bound=nn.Module)
 # PyTorch's names for a recurrent module's tensors: weight_ih_l0, bias_hh_l1_reverse, ...
 _RECURRENT = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")

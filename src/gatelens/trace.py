@@ -27,6 +27,7 @@ True
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,8 +45,7 @@ from gatelens.cells import (
     run_rnn,
 )
 from gatelens.cellspec import cell_of_mode, cell_spec
-from gatelens.parallel import run_stack_parallel
-from gatelens.reference import faithful_matmul
+from gatelens.reference import faithful_matmul, run_module
 from gatelens.trace_types import Trace, gate_names
 
 State = Tensor | tuple[Tensor, Tensor] | None
@@ -215,33 +215,87 @@ def run_stack(module: nn.RNNBase, x: Tensor, h0: Tensor, c0: Tensor | None,
 
 
 
+#: Read-out methods; "parallel" is the former name of "anchored" (the same computation).
+METHODS = ("anchored", "step", "parallel")
+
+
 def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None, *,
-          names: Sequence[str] | None = None, method: str = "step") -> Trace:
-    """Every gate of ``module`` on ``inputs``, as the module itself would run them.
+          names: Sequence[str] | None = None, method: str | None = None) -> Trace:
+    """Every gate of ``module`` on ``inputs``, on the trajectory the module itself took.
 
     ``inputs`` and ``state`` are what the module's forward takes (batch_first or not,
     unbatched (T, F), PackedSequence; h0 or (h0, c0)). ``names`` keeps only those signals.
-    ``method="step"`` (default) re-runs every step by hand; ``method="parallel"`` (meant
-    for GPUs, unpacked input only) takes each layer's h sequence from PyTorch's own kernel
-    and computes all steps' gates in one large GEMM, only the LSTM's c staying sequential.
+
+    ``method="anchored"`` (the default for padded input) computes each layer's gates from
+    PyTorch's own h_{t−1} of that layer and the LSTM's c by the contracting recurrence
+    c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t, so the trace is the module's trajectory even when the
+    model is chaotic. ``method="step"`` (the default for a PackedSequence) re-runs every
+    step on its own outputs; it then checks its top layer against the module's output and
+    warns (and records ``meta["free_running_max_abs_diff_h"]``) when it has left the
+    module's trajectory by more than 1e-5. See docs/methods.md, "Anchored read-out".
 
     >>> gru = torch.nn.GRU(2, 3, num_layers=2)
     >>> tr = trace(gru, torch.randn(4, 5, 2))  # (T, B, F): batch_first=False
     >>> list(tr)[:4], tr["layer1.z"].shape, tr.h_n.shape
     (['layer0.r', 'layer0.z', 'layer0.n', 'layer0.h'], torch.Size([5, 4, 3]), torch.Size([2, 5, 3]))
     """
-    if method not in ("step", "parallel"):
-        raise ValueError(f"method must be 'step' or 'parallel'; got {method!r}")
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     spec = _check(module, inputs, state)
-    if method == "parallel" and spec.lengths is not None:
-        raise ValueError("method='parallel' takes padded input, not a PackedSequence")
+    method = {"parallel": "anchored"}.get(method, method) or (
+        "step" if spec.lengths is not None else "anchored")
+    if method == "anchored" and spec.lengths is not None:
+        raise ValueError("method='anchored' takes padded input, not a PackedSequence")
     keep = _check_names(names, _names_of(module, spec.cell))
+    meta: dict = {"method": method}
     with torch.no_grad(), faithful_matmul(spec.x.device):
-        if method == "parallel":
-            bufs, h_n, c_n = run_stack_parallel(module, spec.x, spec.h0, spec.c0)
+        if method == "anchored":
+            bufs, h_n, c_n = _run_anchored(module, spec)
         else:
             bufs, h_n, c_n = run_stack(module, spec.x, spec.h0, spec.c0, spec.lengths)
-    return _assemble(module, spec, {n: bufs[n] for n in keep}, h_n, c_n, method=method)
+            meta["free_running_max_abs_diff_h"] = _left_trajectory(module, inputs, state, bufs,
+                                                                   spec)
+    return _assemble(module, spec, {n: bufs[n] for n in keep}, h_n, c_n, **meta)
+
+
+def _run_anchored(module: nn.RNNBase, spec: _Input) -> tuple[dict[str, Tensor], Tensor,
+                                                             Tensor | None]:
+    """The anchored read-out (anchored.py) in run_stack's layout: (T, R, B) buffers."""
+    from gatelens.anchored import anchored_signals  # it builds on this module
+
+    x = spec.x.permute(2, 0, 1)  # (B, T, F)
+    h0 = spec.h0.transpose(1, 2)  # (L*D, B, H_out)
+    state = h0 if spec.c0 is None else (h0, spec.c0.transpose(1, 2))
+    sig = anchored_signals(module, x, state)
+    bufs = {n: t.permute(1, 2, 0) for n, t in sig.items()}  # (T, R, B)
+    h_n, c_n = [], []
+    for k in range(module.num_layers):
+        for d in ("", ".reverse") if module.bidirectional else ("",):
+            last = 0 if d else -1  # the reverse direction ends at t = 0
+            h_n.append(bufs[f"layer{k}{d}.h"][last])
+            if spec.c0 is not None:
+                c_n.append(bufs[f"layer{k}{d}.c"][last])
+    return bufs, torch.stack(h_n), (torch.stack(c_n) if c_n else None)
+
+
+def _left_trajectory(module: nn.RNNBase, inputs: Tensor | PackedSequence, state: State,
+                     bufs: dict[str, Tensor], spec: _Input) -> float:
+    """max |h_step − h_module| of the top layer; warns above 1e-5 (the re-run has parted
+    from the module's trajectory: a chaotic model, see docs/methods.md)."""
+    out, _, _ = run_module(module, inputs, state)  # (B, T', D*H_out)
+    top = module.num_layers - 1
+    dirs = ("", ".reverse") if module.bidirectional else ("",)
+    mine = torch.cat([bufs[f"layer{top}{d}.h"] for d in dirs], dim=1).permute(2, 0, 1)
+    if spec.unsorted is not None:
+        mine = mine.index_select(0, spec.unsorted)
+    mine = mine[:, : out.shape[1]]  # (B, T', D*H_out)
+    diff = float((mine.double() - out.double()).abs().max()) if out.numel() else 0.0
+    if diff > 1e-5:
+        warnings.warn(f"trace(method='step') has left the module's trajectory: its top-layer h "
+                      f"differs from the module's output by {diff:.3g} (a chaotic model parts "
+                      "two correct implementations); method='anchored' follows the module",
+                      stacklevel=3)
+    return diff
 
 
 def _names_of(module: nn.RNNBase, cell: str) -> list[str]:

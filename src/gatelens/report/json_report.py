@@ -1,4 +1,5 @@
-"""report.json, version 1 (docs/design.md): assembling it, its schema, reading the history.
+"""report.json, version 2 (docs/design.md; version 1 files are still read): assembling it,
+its schema, reading the history.
 
 Keys that do not apply to a cell are null, never missing; infinities are null (JSON has
 no inf). Extra keys beside DESIGN.md's: "pooling", "baseline.step", "shift_from_init",
@@ -24,16 +25,16 @@ from ..runs import history_rows
 if TYPE_CHECKING:
     from ..analyze import Analysis
 
-VERSION = 1
+VERSION = 2
 POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
            "every layer's state concatenated, each scaled by its own layer's keep gate")
 
 
 def schema() -> dict:
-    """The JSON schema of report.json v1 (``gatelens/report/schema.json``).
+    """The JSON schema of report.json v2 (``gatelens/report/schema.json``).
 
     >>> schema()["properties"]["version"]
-    {'const': 1}
+    {'enum': [1, 2]}
     """
     return json.loads(resources.files(__package__).joinpath("schema.json").read_text("utf-8"))
 
@@ -88,9 +89,9 @@ def build_report(a: Analysis) -> dict:
             shift = shift_from_init(a.units, b.units)
     report = {
         "version": VERSION,
-        "model": dict(a.model),
+        "model": {**a.model, "path": a.model.get("path", "")},
         "text": dict(a.text),
-        "verification": a.verification.to_report(),
+        "verification": {**a.verification.to_report(), "explanation": a.verification.explain()},
         "gates": a.gates.to_dict(),
         "units": units_dict(a.units, n_units),
         "perturbation": a.perturbation.to_dict(),
@@ -100,6 +101,12 @@ def build_report(a: Analysis) -> dict:
         "decomposition": decomposition_summary(a.perturbation),
         "history": a.history,
         "pooling": POOLING,
+        "divergence": None if a.divergence is None else {
+            **a.divergence.to_dict(), "description": a.divergence.describe()},
+        "output_reach": None if a.reach is None else {
+            **a.reach.to_dict(), "curve": [float(v) for v in a.reach.curve],
+            "description": a.reach.describe()},
+        "output_reach_note": a.reach_note,
     }
     check_report(report)
     return report

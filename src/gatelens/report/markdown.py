@@ -17,11 +17,14 @@ from ..analysis.units import HALF_LIFE_LONG
 from .tables import (
     GATE_NAMES,
     classes_table,
+    divergence_table,
     fmt,
     gates_table,
     half_lives_table,
     perturbation_table,
+    reach_table,
     units_table,
+    verification_table,
 )
 
 
@@ -65,10 +68,12 @@ def _perturbation(rep: dict) -> list[str]:
         return ["No lag fits inside the windows after the perturbation position."]
     out = table.markdown() + [""] + half_lives_table(rep).markdown()
     K = p["lags"][-1]
+    grows = p["measured"][-1] is not None and p["measured"][-1] >= 1
+    life = ("it grows instead of halving" if grows else
+            f"half-life {fmt(p['half_life_measured'], 2)} characters")
     reading = (f"{K} characters after the change at position {p['position']} "
                f"({p['n']} windows), the difference in {p.get('state', 's')} is "
-               f"{fmt(p['measured'][-1])} of its size (half-life "
-               f"{fmt(p['half_life_measured'], 2)} characters)")
+               f"{fmt(p['measured'][-1])} of its size ({life})")
     if p["forget_only"] is not None:
         reading += (f"; the forget gate alone would leave {fmt(p['forget_only'][-1])} (half-life "
                     f"{fmt(p['half_life_forget_only'], 2)}), so the gates re-admitting it keep "
@@ -99,25 +104,45 @@ def _classes(rep: dict) -> list[str]:
                       f"and highest after {hi} ({fmt(known[hi], 4)})."]
 
 
+def _verification(rep: dict) -> list[str]:
+    v = rep["verification"]
+    out = verification_table(rep).markdown()
+    return out + ([] if not v.get("explanation") else ["", f"Reading: {v['explanation']}"])
+
+
+def _divergence(rep: dict) -> list[str]:
+    d, table = rep.get("divergence"), divergence_table(rep)
+    if table is None:
+        return ["Not measured (packed input, or a version 1 report)."]
+    return table.markdown() + ["", f"Reading: {d.get('description') or d['regime']}."]
+
+
+def _reach(rep: dict) -> list[str]:
+    r, table = rep.get("output_reach"), reach_table(rep)
+    if table is None:
+        note = rep.get("output_reach_note") or "not measured (a version 1 report)"
+        return [f"No output-level reach: {note}."]
+    return table.markdown() + [
+        "", f"Reading: {r.get('description', '')} The state curves say what the model holds "
+        "of the changed character; this one says what it still uses to predict."]
+
+
 def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
     """report.md from a report.json dict; ``plots`` are paths relative to report.md."""
-    m, t, v = rep["model"], rep["text"], rep["verification"]
-    lines = [f"# gatelens analysis: {m['cell'].upper()}, {m['hidden']} units × {m['layers']} "
-             f"layer(s), step {m['step']}", "",
+    m, t = rep["model"], rep["text"]
+    where = f" `{m['path']}`" if m.get("path") else ""
+    lines = [f"# gatelens analysis{where}: {m['cell'].upper()}, {m['hidden']} units × "
+             f"{m['layers']} layer(s), step {m['step']}", "",
              f"Text: {t['windows']} windows × {t['length']} characters from {t['source']}.",
              f"Multi-layer rule: {rep.get('pooling', 'layers pooled')}.", "",
              "## Verification", ""]
-    if v["max_abs_diff_h"] is None:
-        lines.append("Not run (the opened cells were unavailable).")
-    else:
-        lines.append(f"Max |h_hand − h_torch| = {v['max_abs_diff_h']:.3g}" +
-                     (f", max |c_hand − c_torch| = {v['max_abs_diff_c']:.3g}"
-                      if v["max_abs_diff_c"] is not None else "") +
-                     f" ({'pass' if v.get('passed', True) else 'FAIL'}, tolerance 1e-5).")
+    lines += _verification(rep)
     lines += ["", "## Gate distributions", "", *_gates(rep), "",
               "## Per-unit timescales", "", *_units(rep), "",
               "## Perturbation decay", "", *_perturbation(rep), "",
-              "## Gates by input character", "", *_classes(rep), ""]
+              "## Gates by input character", "", *_classes(rep), "",
+              "## Divergence rate", "", *_divergence(rep), "",
+              "## Output-level reach", "", *_reach(rep), ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(lines)

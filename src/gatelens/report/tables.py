@@ -158,15 +158,57 @@ def classes_table(report: dict) -> Table | None:
                  "Keep gate by input character", digits=4)
 
 
+def verification_table(report: dict) -> Table | None:
+    """The one-step error (the verdict) beside the free-running divergence."""
+    v = _d(report.get("verification"))
+    if not v:
+        return None
+    if "one_step_max_abs_diff_h" not in v:  # a version 1 report
+        rows = [["max |h_hand − h_torch|", v.get("max_abs_diff_h")],
+                ["max |c_hand − c_torch|", v.get("max_abs_diff_c")],
+                ["passed", v.get("passed")]]
+        return Table(["figure", "value"], rows, "Verification")
+    rows = [["one-step error, h (pass/fail)", v.get("one_step_max_abs_diff_h")],
+            ["one-step error, c", v.get("one_step_max_abs_diff_c")],
+            ["one-step error, c / max(1, |c|)", v.get("one_step_max_scaled_diff_c")],
+            ["free-running divergence, h (the model's)", v.get("free_running_max_abs_diff_h")],
+            ["tolerance", v.get("tolerance")], ["passed", v.get("passed")]]
+    return Table(["figure", "value"], rows, "Verification")
+
+
+def divergence_table(report: dict) -> Table | None:
+    """The divergence rate λ and its regime."""
+    d = report.get("divergence")
+    if not isinstance(d, dict):
+        return None
+    rows = [["λ (nats per character)", d.get("lyapunov_per_char")],
+            ["sd over windows", d.get("sd_over_windows")], ["burn-in (steps)", d.get("burn_in")],
+            ["regime", d.get("regime")]]
+    return Table(["figure", "value"], rows, "Divergence rate")
+
+
+def reach_table(report: dict) -> Table | None:
+    """KL of the next-character predictions by lag after the change, and its half-life."""
+    r = report.get("output_reach")
+    if not isinstance(r, dict):
+        return None
+    kl = r.get("kl") or []
+    rows = [[k, v] for k, v in zip(r.get("lags") or [], kl, strict=False)]
+    grows = r.get("half_life") is None and len(kl) > 1 and kl[0] and kl[-1] >= kl[0]
+    rows.append(["half-life (characters)", "grows" if grows else r.get("half_life")])
+    return Table(["lag k", "KL(p ‖ p′) (nats)"], rows, "Output-level reach")
+
+
 def summary_table(report: dict) -> Table | None:
     """Model, text and verification in one small table."""
-    rows = [[f"{grp} {k}", v] for grp in ("model", "text", "verification")
+    rows = [[f"{grp} {k}", v] for grp in ("model", "text")
             for k, v in _d(report.get(grp)).items() if not isinstance(v, dict | list)]
     return Table(["", "value"], rows, "Run") if rows else None
 
 
 def all_tables(report: dict) -> list[Table]:
     """Every table that applies, in the page's order."""
-    tables = (summary_table(report), gates_table(report), units_table(report),
-              perturbation_table(report), half_lives_table(report), classes_table(report))
+    tables = (summary_table(report), verification_table(report), divergence_table(report),
+              gates_table(report), units_table(report), perturbation_table(report),
+              half_lives_table(report), classes_table(report), reach_table(report))
     return [t for t in tables if t is not None]
