@@ -28,10 +28,12 @@ __version__ = _version()
 
 #: Public names whose modules pull in the report stack: imported on first use (PEP 562).
 _LAZY = {"Analysis": "gatelens.analyze", "analyze": "gatelens.analyze",
-         "measure": "gatelens.analyze", "reproduce": "gatelens.reproduce"}
+         "measure": "gatelens.analyze", "reproduce": "gatelens.reproduce",
+         "Lens": "gatelens.lens", "LensResult": "gatelens.lens"}
 
-__all__ = ["Analysis", "CellCache", "Trace", "VERIFY_TOL", "VerifyResult", "analyze",
-           "gate_names", "half_life", "measure", "open_cells", "reproduce", "trace",
+__all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
+           "VerifyResult", "analyze", "gate_names", "half_life", "measure", "open_cells",
+           "reproduce", "trace",
            "trace_chunked", "verify", "__version__"]
 
 

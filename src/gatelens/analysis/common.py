@@ -4,6 +4,12 @@ Multi-layer rule (used by every measurement and stated in report.md): the units 
 layers are pooled, so a gate of a 2-layer model with H units has 2·H units, and the carried
 state s is the concatenation of every layer's state, (B, T, L·H).
 
+Bidirectional rule: ``pooled`` reads only the FORWARD direction (``layerK.<letter>``), so
+a bidirectional module's state and keep-gate measurements are those of its forward
+direction (perturbation decay runs forward in time); the reverse direction's gates stay in
+the trace (``layerK.reverse.<letter>``). A forward layer above the first reads the layer
+below's reverse output too, so its state can move before a perturbed position.
+
 >>> import torch
 >>> from gatelens.trace_types import Trace
 >>> tr = Trace("gru", 2, False, {"layer0.z": torch.zeros(1, 2, 3), "layer1.z": torch.ones(1, 2, 3)})
@@ -33,8 +39,18 @@ def check_trace(trace: Trace) -> None:
 
 
 def pooled(trace: Trace, letter: str) -> Tensor:
-    """One signal of every layer, concatenated on the unit axis: (B, T, L·H)."""
-    check_trace(trace)
+    """One signal of every layer, concatenated on the unit axis: (B, T, L·H).
+
+    For a bidirectional trace, the forward direction's layers only (module docstring).
+
+    >>> from gatelens.trace_types import Trace
+    >>> bi = Trace("gru", 1, True, {"layer0.z": torch.zeros(1, 2, 3),
+    ...                             "layer0.reverse.z": torch.ones(1, 2, 3)})
+    >>> float(pooled(bi, "z").sum()), tuple(pooled(bi, "z").shape)
+    (0.0, (1, 2, 3))
+    """
+    if trace.lengths is not None:
+        raise ValueError("the measurements need equal-length windows, not a packed sequence")
     return torch.cat([trace[f"layer{k}.{letter}"] for k in range(trace.num_layers)], dim=-1)
 
 

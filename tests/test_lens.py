@@ -1,0 +1,220 @@
+"""Lens on users' own models: a char LM, a GRU encoder-decoder, a bidirectional packed
+classifier; the files it writes; the errors it raises."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import gatelens
+from gatelens.errors import GatelensError
+
+WORDS = "the quick brown fox jumps over a lazy dog and then runs home".split()
+_rng = random.Random(2)
+TEXT = "\n".join(" ".join(_rng.choice(WORDS) for _ in range(8)) for _ in range(20))
+CHARS = sorted(set(TEXT))
+V = len(CHARS)
+B, T, P = 3, 40, 8  # windows, length, perturbation position
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A 2-core shared machine: one thread per test, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class CharLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(V, 16)
+        self.lstm = nn.LSTM(16, 24, num_layers=2, batch_first=True)
+        self.head = nn.Linear(24, V)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.lstm(self.embed(ids))[0])  # (B, T, V)
+
+
+class EncDec(nn.Module):
+    """The decoder reads the same embedding, starting from the encoder's final state."""
+
+    def __init__(self, steps: bool = False) -> None:
+        super().__init__()
+        self.steps = steps
+        self.embed = nn.Embedding(V, 16)
+        self.encoder = nn.GRU(16, 20, batch_first=True)
+        self.decoder = nn.GRU(16, 20, batch_first=True)
+        self.head = nn.Linear(20, V)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        e = self.embed(ids)  # (B, T, 16)
+        _, h = self.encoder(e)  # (1, B, 20)
+        if not self.steps:
+            return self.head(self.decoder(e, h)[0])  # (B, T, V)
+        ys = []
+        for t in range(e.shape[1]):  # a decoder run step by step
+            y, h = self.decoder(e[:, t:t + 1], h)
+            ys.append(y)
+        return self.head(torch.cat(ys, 1))
+
+
+class BiClassifier(nn.Module):
+    """embedding -> packed batch -> 2-layer bidirectional LSTM -> head on the final state."""
+
+    def __init__(self, ragged: bool = False) -> None:
+        super().__init__()
+        self.ragged = ragged
+        self.embed = nn.Embedding(V, 8)
+        self.lstm = nn.LSTM(8, 10, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(20, 3)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        lengths = torch.full((ids.shape[0],), ids.shape[1])
+        if self.ragged:
+            lengths[0] -= 1
+        packed = pack_padded_sequence(self.embed(ids), lengths, batch_first=True,
+                                      enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)  # h: (2·2, B, 10)
+        return self.head(torch.cat([h[-2], h[-1]], -1))  # (B, 3)
+
+
+def windows() -> Tensor:
+    index = {c: i for i, c in enumerate(CHARS)}
+    return torch.tensor([[index[c] for c in TEXT[k * T:(k + 1) * T]] for k in range(B)])
+
+
+def seen_by(model: nn.Module, module: nn.Module, ids: Tensor) -> tuple:
+    """(input, hx) ``module`` received when ``model`` read ``ids`` (an independent hook)."""
+    got = []
+    handle = module.register_forward_hook(
+        lambda m, args, kwargs, out: got.append((args[0], args[1] if len(args) > 1 else None)),
+        with_kwargs=True)
+    with torch.no_grad():
+        model(ids)
+    handle.remove()
+    return got[0]
+
+
+def test_char_lm_lstm_measured_through_the_model() -> None:
+    torch.manual_seed(0)
+    model = CharLM().train()
+    result = gatelens.Lens(model, vocab=CHARS).analyze(TEXT, windows=B, length=T,
+                                                       perturb_pos=P)
+    assert list(result.reports) == ["lstm"]
+    rep = result.reports["lstm"]
+    assert rep["model"]["path"] == "lstm" and rep["model"]["class"] == "CharLM"
+    assert rep["model"]["cell"] == "lstm" and rep["model"]["layers"] == 2
+    assert rep["verification"]["passed"] is True
+    a = result.analyses["lstm"]
+    assert torch.equal(a.windows, windows())
+    assert a.reach is not None and a.reach.lags[0] == 1 and a.reach.kl[0] > 0
+    x, _ = seen_by(model, model.lstm, windows())
+    assert torch.equal(x, model.embed(windows()).detach())
+    own = gatelens.trace(model.lstm, x)
+    for g in "ifgoch":
+        assert torch.equal(a.trace[f"layer1.{g}"], own[f"layer1.{g}"]), g
+    assert model.training and model.lstm.training  # the training flags are restored
+
+
+def test_encoder_decoder_decoder_sees_the_encoder_state() -> None:
+    torch.manual_seed(1)
+    model = EncDec()
+    lens = gatelens.Lens(model, vocab=CHARS)
+    p = T - 3  # near the end, so the encoder's final state still carries the change
+    result = lens.analyze(windows(), perturb_pos=p)
+    assert sorted(result.reports) == ["decoder", "encoder"]
+    enc, dec = result.analyses["encoder"], result.analyses["decoder"]
+    cap = lens.runner("decoder")(windows())
+    with torch.no_grad():
+        h_n = model.encoder(model.embed(windows()))[1]  # (1, B, 20) PyTorch's own
+    assert torch.equal(cap.state, h_n)
+    assert torch.equal(seen_by(model, model.decoder, windows())[1], h_n)
+    assert torch.allclose(enc.trace.h_n, h_n, atol=1e-6)  # the encoder's own trace agrees
+    assert dec.reach is not None and enc.reach is not None
+    # before p, the encoder's states are untouched; the decoder's move (through h_n)
+    before = slice(0, p)
+    assert torch.equal(enc.trace["layer0.h"][:, before],
+                       enc.trace_perturbed["layer0.h"][:, before])
+    moved = (dec.trace["layer0.h"][:, before] - dec.trace_perturbed["layer0.h"][:, before])
+    assert float(moved.abs().max()) > 1e-4
+    assert all(r["verification"]["passed"] for r in result.reports.values())
+
+
+def test_bidirectional_packed_classifier() -> None:
+    torch.manual_seed(2)
+    model = BiClassifier()
+    lens = gatelens.Lens(model, vocab=CHARS)
+    result = lens.analyze(TEXT, windows=B, length=T, perturb_pos=P)
+    a, rep = result.analyses["lstm"], result.reports["lstm"]
+    assert rep["verification"]["passed"] is True
+    assert a.reach is None and "not next-token logits" in a.reach_note
+    assert "forward direction measured" in rep["model"]["directions"]
+    cap = lens.runner("lstm")(windows())
+    assert isinstance(cap.inputs, Tensor)  # unpacked, in the caller's order
+    assert torch.equal(cap.inputs, model.embed(windows()).detach())
+    # state measurements read the forward direction's layers only (2 layers × 10 units)
+    assert a.units.n_units == 20
+    fwd = torch.cat([a.trace["layer0.f"], a.trace["layer1.f"]], -1).double().mean()
+    assert a.units.forget_means.mean() == pytest.approx(float(fwd), rel=1e-9)
+    assert "layer1.reverse.f" in a.trace and "forward direction measured" in result.index_html
+    with pytest.raises(GatelensError, match=r"lengths 39\.\.40"):
+        gatelens.Lens(BiClassifier(ragged=True), vocab=CHARS).analyze(windows(),
+                                                                       perturb_pos=P)
+
+
+def test_unidirectional_reports_have_no_directions() -> None:
+    torch.manual_seed(3)
+    rnn = nn.RNN(V, 6, batch_first=True)
+    lens = gatelens.Lens(rnn, encode=lambda i: nn.functional.one_hot(i, V).float())
+    result = lens.analyze(windows(), perturb_pos=P)
+    rep = result.reports[""]
+    assert rep["model"]["cell"] == "rnn" and rep["model"]["nonlinearity"] == "tanh"
+    assert "directions" not in rep["model"]
+    assert result.analyses[""].chars == [f"<{i}>" for i in range(int(windows().max()) + 1)]
+
+
+def test_out_writes_reports_and_index(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    result = gatelens.Lens(EncDec(), vocab=CHARS).analyze(
+        TEXT, windows=B, length=T, perturb_pos=P, out=tmp_path)
+    for d in ("encoder", "decoder"):
+        for name in ("report.json", "report.md", "report.html"):
+            assert (tmp_path / d / name).is_file(), (d, name)
+        assert json.loads((tmp_path / d / "report.json").read_text())["model"]["path"] == d
+    index = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert index == result.index_html
+    assert 'href="encoder/report.html"' in index and 'href="decoder/report.html"' in index
+    assert "http://" not in index and "https://" not in index
+    assert result._repr_html_().startswith("<iframe srcdoc=")
+    assert result.out == tmp_path
+
+
+def test_model_that_is_the_module_writes_to_model_dir(tmp_path: Path) -> None:
+    torch.manual_seed(5)
+    lens = gatelens.Lens(nn.GRU(V, 5, batch_first=True),
+                         encode=lambda i: nn.functional.one_hot(i, V).float(), vocab=V)
+    lens.analyze(windows(), perturb_pos=P, out=tmp_path)
+    assert (tmp_path / "model" / "report.json").is_file()
+    assert 'href="model/report.html"' in (tmp_path / "index.html").read_text()
+
+
+def test_errors() -> None:
+    with pytest.raises(GatelensError, match="Sequential has no nn.LSTM"):
+        gatelens.Lens(nn.Sequential(nn.Linear(2, 2)))
+    lens = gatelens.Lens(CharLM(), vocab=CHARS)
+    with pytest.raises(GatelensError, match=r"character 'Z' at position 5 "):
+        lens.analyze("the qZ" + TEXT, windows=B, length=T, perturb_pos=P)
+    with pytest.raises(GatelensError, match="too short for 3 windows of 40"):
+        lens.analyze(TEXT[:100], windows=B, length=T, perturb_pos=P)
+    with pytest.raises(GatelensError, match="text input needs vocab"):
+        gatelens.Lens(CharLM()).analyze(TEXT, windows=B, length=T)
+    with pytest.raises(GatelensError, match="decoder ran 40 times in one forward"):
+        gatelens.Lens(EncDec(steps=True), vocab=CHARS).analyze(windows(), perturb_pos=P)
