@@ -22,6 +22,7 @@ from gatelens.anchored import (
     one_step_errors,
 )
 from gatelens.trace import trace
+from gatelens.verify import verify
 
 # oneDNN has no projected LSTM and warns once before using PyTorch's own path.
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")
@@ -92,7 +93,7 @@ def test_one_step_passes_where_free_running_parts(kind: str, factor: float, one_
 def test_plain_random_models_anchored_equals_trace(kind: str) -> None:
     m = chaotic(kind, 1, torch.float32)  # × 1: PyTorch's own initialisation, contracting
     x = inputs(torch.float32, one_hot=False)
-    sig, tr = anchored_signals(m, x), trace(m, x)
+    sig, tr = anchored_signals(m, x), trace(m, x, method="step")
     assert max(float((sig[n] - tr[n]).abs().max()) for n in tr) <= 1e-5
     assert free_running_divergence(m, x).max_abs_diff_h <= 1e-5
 
@@ -103,9 +104,16 @@ def test_only_the_anchored_read_out_follows_a_chaotic_module() -> None:
     with torch.no_grad():
         out, (h_n, c_n) = m(x)
     sig = anchored_signals(m, x)
-    tr = trace(m, x)
+    with pytest.warns(UserWarning, match="left the module's trajectory"):  # said, not silent
+        tr = trace(m, x, method="step")
     assert (sig["layer1.h"] - out).abs().max() <= 1e-5  # the module's own trajectory
     assert (tr["layer1.h"] - out).abs().max() > 1e-3  # another one, each step right
+    assert tr.meta["free_running_max_abs_diff_h"] > 1e-3
+    default = trace(m, x)  # the default read-out follows the module
+    assert default.meta["method"] == "anchored"
+    assert torch.equal(default["layer1.f"], sig["layer1.f"])
+    res = verify(m, x)  # passes: every step is right; the large free-running figure is said
+    assert res.passed and res.chaotic and "chaotic" in res.explain()
     c_scale = c_n[1].abs().clamp(min=1.0)
     assert ((sig["layer1.c"][:, -1] - c_n[1]).abs() / c_scale).max() <= 1e-5
 

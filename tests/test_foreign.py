@@ -349,8 +349,7 @@ def test_cli_arguments(tmp_path: Path, vocab: Path, ids: torch.Tensor) -> None:
     model, _, _ = _models()["embed_lstm"]
     path = _save(model.state_dict(), tmp_path / "w.safetensors")
     parser = argparse.ArgumentParser()
-    add_analyze_arguments(parser)  # the flags must sit beside analyze's own
-    add_foreign_arguments(parser)
+    add_analyze_arguments(parser)  # analyze's own flags, the foreign ones among them
     args = parser.parse_args(["RUN", "--weights", str(path), "--vocab", str(vocab), "--cell",
                               "lstm", "--prefix", "lstm.", "--hidden", "8", "--layers", "2",
                               "--embed-tensor", "emb.weight", "--head", "out."])

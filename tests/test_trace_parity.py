@@ -132,7 +132,7 @@ def test_parity_feature(cell, feature, dtype):
 
 
 def test_float32_is_close_to_1e7():
-    """METHODS.md expects ~1e-7 on CPU float32; stay within a small factor of it."""
+    """docs/methods.md expects ~1e-7 on CPU float32; stay within a small factor of it."""
     m = make("lstm", F=20, H=32, L=2)
     x = torch.randn(8, 40, 20, generator=torch.Generator().manual_seed(0))
     assert max_diff(m, x) < 2e-6

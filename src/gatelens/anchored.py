@@ -1,4 +1,4 @@
-"""PyTorch's own states, the one-step check, and the anchored read-out (METHODS.md).
+"""PyTorch's own states, the one-step check, and the anchored read-out (docs/methods.md).
 
 On a chaotic model two correct implementations of the same cell part: rounding
 differences grow like e^{λt}, so the step-by-step re-run (``gatelens.trace``) ends up on a
@@ -22,7 +22,7 @@ run on its own outputs drifts from PyTorch's h.
 
 Inputs are padded, batch-first ``(B, T, F)`` tensors whatever the module's
 ``batch_first``; a state is what the module takes (``(L·D, B, H_out)``, and c). On CUDA,
-TF32 is off throughout (METHODS.md: the one-step check is of float32, not TF32, numerics).
+TF32 is off throughout (docs/methods.md: the one-step check is of float32, not TF32, numerics).
 
 >>> import torch
 >>> lstm = torch.nn.LSTM(3, 4, num_layers=2)
@@ -202,7 +202,7 @@ def _maxdiff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
 
 @dataclass(frozen=True)
 class OneStepErrors:
-    """The read-out's own error (METHODS.md "Verification"): pass/fail at ``tol``."""
+    """The read-out's own error (docs/methods.md "Verification"): pass/fail at ``tol``."""
 
     cell: str
     layers: list[LayerDiff]  # per layer and direction, over every window, step and unit
@@ -324,6 +324,8 @@ def free_running_divergence(module: nn.Module, inputs: Tensor,
     _, h0, c0 = check_inputs(module, inputs, state)
     hs = _sequence_h(module, inputs, h0, c0)
     x = inputs if module.batch_first else inputs.transpose(0, 1)
-    tr = trace_fn(module, x, state, names=[n + ".h" for n in hs])
+    with warnings.catch_warnings():  # leaving the trajectory is what is measured here
+        warnings.filterwarnings("ignore", message="trace.method='step'. has left")
+        tr = trace_fn(module, x, state, names=[n + ".h" for n in hs], method="step")
     layers = {n: _maxdiff(tr[n + ".h"], h) for n, h in hs.items()}
     return FreeRunningDivergence(max(layers.values()), layers)

@@ -203,7 +203,7 @@ def default_window_starts(n_chars: int, windows: int, length: int) -> list[int]:
 
 def analysis_windows(vocab: Vocab, windows: int, length: int, *, val_text: str | None = None,
                      text: str | None = None, where: str = "--text") -> torch.Tensor:
-    """The analysis windows of METHODS.md as indices, (B, T) int64.
+    """The analysis windows of docs/methods.md as indices, (B, T) int64.
 
     With ``text`` (a --text FILE's contents): the first B consecutive, non-overlapping
     T-character slices. Otherwise B windows evenly spaced over ``val_text``.

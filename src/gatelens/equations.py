@@ -1,7 +1,7 @@
 """The cell equations as pure functions: one step of PyTorch's LSTM, GRU and RNN.
 
 cells.py re-runs a module fast, in place, in a transposed time-major layout. This module
-says the same equations the plain way (METHODS.md, "The cells"), for the places that need a
+says the same equations the plain way (docs/methods.md, "The cells"), for the places that need a
 function rather than a loop: the anchored read-out feeds every step PyTorch's own state and
 computes all T steps at once, and the divergence rate differentiates a step with
 ``torch.func.jvp``. So nothing here writes in place, and every step takes any leading

@@ -146,7 +146,7 @@ def load_run(run: str | Path, checkpoint: str | int = "best") -> LoadedRun:
 
 def run_windows(loaded: LoadedRun, text: str | Path | None = None, windows: int = 32,
                 length: int = 128) -> tuple[torch.Tensor, str]:
-    """The analysis windows of METHODS.md for a run, (B, T) int64, and their source.
+    """The analysis windows of docs/methods.md for a run, (B, T) int64, and their source.
 
     With ``text`` (a file path): its first B consecutive T-character slices. Otherwise B
     windows evenly spaced over the validation split of the run's own corpus.

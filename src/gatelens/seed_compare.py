@@ -13,7 +13,7 @@ Rendering is apart, in ``gatelens.report.reproduce_md``.
 from __future__ import annotations
 
 #: The seed's published figures (LSTM, 325 units, 800 steps, 32 × 128 validation characters;
-#: corpus, optimiser and learning rate unknown). Half-lives and ratio as METHODS.md gives them.
+#: corpus, optimiser and learning rate unknown). Half-lives and ratio as docs/methods.md gives them.
 SEED_FIGURES: dict = {
     "cell": "lstm", "hidden": 325, "steps": 800, "windows": 32, "length": 128,
     "verification": {"max_abs_diff_h": 6.85e-07},

@@ -326,8 +326,10 @@ def _assemble(module: nn.RNNBase, spec: _Input, bufs: dict[str, Tensor], h_n: Te
 
 def trace_chunked(module: nn.Module, inputs: Tensor, chunk: int = 256, state: State = None, *,
                   names: Sequence[str] | None = None) -> Trace:
-    """``trace`` in chunks of ``chunk`` steps that carry the state: the same numbers, bitwise,
-    with working memory bounded by one chunk (plus the kept ``names``' read-out).
+    """``trace(method="step")`` in chunks of ``chunk`` steps that carry the state: the same
+    numbers, bitwise, with working memory bounded by one chunk (plus the kept ``names``'
+    read-out). It re-runs steps, so on a chaotic model it may part from the module's
+    trajectory (``trace``'s anchored default does not); ``verify`` says which it is.
 
     Unidirectional, unpacked input only: a reverse direction starts from the end of the
     text, so it cannot be carried forward chunk by chunk.
@@ -335,7 +337,7 @@ def trace_chunked(module: nn.Module, inputs: Tensor, chunk: int = 256, state: St
     >>> lstm = torch.nn.LSTM(3, 4, batch_first=True)
     >>> x = torch.randn(2, 10, 3)
     >>> tr = trace_chunked(lstm, x, chunk=4, names=["layer0.f"])
-    >>> list(tr), torch.equal(tr["layer0.f"], trace(lstm, x)["layer0.f"])
+    >>> list(tr), torch.equal(tr["layer0.f"], trace(lstm, x, method="step")["layer0.f"])
     (['layer0.f'], True)
     """
     if isinstance(inputs, PackedSequence):

@@ -34,7 +34,7 @@ from gatelens.trace import State, check_module
 from gatelens.trace import trace as trace_fn
 from gatelens.trace_types import Trace
 
-#: Largest max |hand − torch| that passes (METHODS.md: ~1e-7 expected on CPU float32).
+#: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
 VERIFY_TOL = 1e-5
 
 

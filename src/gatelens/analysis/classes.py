@@ -2,7 +2,7 @@
 
 The gate at position t is computed while reading x_t, so position t belongs to the class of
 x_t. A class's mean is the mean of the keep gate (LSTM f, GRU z; layers pooled) over all
-units at the positions of that class (METHODS.md, "Gates by character class").
+units at the positions of that class (docs/methods.md, "Gates by character class").
 
 >>> import torch
 >>> from gatelens.trace_types import Trace

@@ -1,6 +1,6 @@
 """Divergence rate: the largest finite-time Lyapunov exponent λ of the recurrence.
 
-METHODS.md, "Divergence rate". The carried state s is every layer's state side by side,
+docs/methods.md, "Divergence rate". The carried state s is every layer's state side by side,
 layer by layer h then c (LSTM; GRU and RNN: h). One step s_{t−1} → s_t is the whole stack's
 step: layer k > 0 reads layer k − 1's new h of the same step, so its Jacobian is the
 stack's. A unit tangent v per window is pushed through each step's Jacobian with

@@ -1,7 +1,7 @@
 """Gate distributions: mean and 5/25/50/75/95 % percentiles of every gate.
 
 Over all B·T·H values of a gate (layers pooled), in float64, percentiles with linear
-interpolation exactly as ``numpy.percentile`` (METHODS.md, "Gate distributions").
+interpolation exactly as ``numpy.percentile`` (docs/methods.md, "Gate distributions").
 
 >>> import torch
 >>> from gatelens.trace_types import Trace

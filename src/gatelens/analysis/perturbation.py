@@ -6,7 +6,7 @@ from position 0. With s the carried state (LSTM c; GRU, RNN h) and δs_t = s'_t 
 - measured r(k) = mean over windows of ‖δs_{p+k}‖ / ‖δs_p‖;
 - forget-gate alone a(k) = mean of ‖(∏_{j=p+1..p+k} f_j) ⊙ δs_p‖ / ‖δs_p‖ (GRU: z), with
   the unperturbed run's gates;
-- the exact split δs_{p+k} = forget path + return path of METHODS.md, computed in float64
+- the exact split δs_{p+k} = forget path + return path of docs/methods.md, computed in float64
   from the two traces.
 
 Layers are pooled: s is every layer's state concatenated, each multiplied by its own

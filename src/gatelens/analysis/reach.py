@@ -1,6 +1,6 @@
 """Output-level reach: how long a changed character still moves the prediction.
 
-METHODS.md, "Output-level reach". With p_t and p'_t the softmax of the clean and the
+docs/methods.md, "Output-level reach". With p_t and p'_t the softmax of the clean and the
 perturbed run's next-character logits at position t (one character changed at position
 p), KL(k) = mean over windows of KL(p_{p+k} ‖ p'_{p+k}) in nats, computed in float64
 from log_softmax. Reported at the lags k with p + k < T, and at every lag 0 … T − 1 − p

@@ -1,7 +1,7 @@
 """Per-unit timescales: the mean forget gate of each unit (GRU: z) and its half-life.
 
 f̄_u is unit u's keep gate averaged over all B·T positions; its half-life is
-t½(a) = ln 0.5 / ln a characters (METHODS.md, "Per-unit timescales").
+t½(a) = ln 0.5 / ln a characters (docs/methods.md, "Per-unit timescales").
 
 >>> import torch
 >>> from gatelens.trace_types import Trace
@@ -107,7 +107,7 @@ def unit_means(gate: Tensor) -> np.ndarray:
 
 
 def summarize_units(means: np.ndarray, gate: str, init_value: float) -> UnitTimescales:
-    """The summary of per-unit means f̄_u (any source), as in METHODS.md.
+    """The summary of per-unit means f̄_u (any source), as in docs/methods.md.
 
     >>> u = summarize_units(np.array([0.307, 0.494, 0.793]), "f", 0.5)
     >>> u.below_init, [round(u.half_life[k], 2) for k in ("min", "median", "max")]

@@ -75,7 +75,7 @@ def dequantize(enc: dict[str, Any]) -> np.ndarray:
 
 
 def half_life(a: float) -> float | None:
-    """t½ = ln 0.5 / ln a in characters (METHODS.md), as the page stores it: None (JSON
+    """t½ = ln 0.5 / ln a in characters (docs/methods.md), as the page stores it: None (JSON
     null) for the infinite half-life of a >= 1.
 
     >>> round(half_life(0.494), 2), half_life(1.0), half_life(0.0)

@@ -2,7 +2,7 @@
 its schema, reading the history.
 
 Keys that do not apply to a cell are null, never missing; infinities are null (JSON has
-no inf). Extra keys beside DESIGN.md's: "pooling", "baseline.step", "shift_from_init",
+no inf). Extra keys beside docs/design.md's: "pooling", "baseline.step", "shift_from_init",
 "decomposition", "history", "units.per_unit", "perturbation.return_path" and
 "perturbation.measured_h".
 
@@ -113,7 +113,7 @@ def build_report(a: Analysis) -> dict:
 
 
 def check_report(report: dict) -> None:
-    """Cheap structural check of DESIGN.md's keys (the full schema is checked in tests)."""
+    """Cheap structural check of docs/design.md's keys (the full schema is checked in tests)."""
     for key in schema()["required"]:
         if key not in report:
             raise ValueError(f"report.json lacks {key!r}")

@@ -36,7 +36,7 @@ def render_reproduce(result: dict) -> str:
     lines = ["# gatelens reproduce: the seed's experiment, our figures beside the seed's", "",
              f"Corpus: {result['corpus']}. Analysis: {result['windows']} windows × "
              f"{result['length']} characters of the validation split, perturbation at "
-             f"position {result['perturb_pos']}. Definitions: METHODS.md.", "",
+             f"position {result['perturb_pos']}. Definitions: docs/methods.md.", "",
              "| cell | units | steps | best step | best val loss | train seconds (recorded) |",
              "|---|---|---|---|---|---|"]
     for c in cells:
