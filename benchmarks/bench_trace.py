@@ -1,4 +1,4 @@
-"""Read-out cost: gatelens.trace (every gate kept) / the module's own forward.
+"""Read-out cost: gatelens.trace (every gate kept), anchored and step, / the module's forward.
 
 Both run under no_grad on the same one-hot input in the same process, interleaved
 (torch, trace, torch, trace, ...) so machine noise hits both alike; each figure is the
@@ -33,25 +33,25 @@ def one_hot_input(B: int, T: int, V: int, seed: int = 0) -> torch.Tensor:
     return nn.functional.one_hot(idx, V).float()  # (B, T, V)
 
 
-def measure(module: nn.Module, x: torch.Tensor, repeats: int, warmup: int) -> tuple[float, float]:
-    """Median seconds of the module's forward and of trace(), interleaved."""
+def measure(module: nn.Module, x: torch.Tensor, repeats: int,
+            warmup: int) -> tuple[float, float, float]:
+    """Median seconds of the module's forward, trace(anchored) and trace(step), interleaved."""
     def forward() -> None:
         with torch.no_grad():
             module(x)
 
-    def read_out() -> None:
-        trace(module, x)
-
+    fns = (forward, lambda: trace(module, x, method="anchored"),
+           lambda: trace(module, x, method="step"))
     for _ in range(warmup):
-        forward()
-        read_out()
-    t_mod, t_tr = [], []
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[], [], []]
     for _ in range(repeats):
-        for fn, acc in ((forward, t_mod), (read_out, t_tr)):
+        for fn, acc in zip(fns, times, strict=True):
             t0 = time.perf_counter()
             fn()
             acc.append(time.perf_counter() - t0)
-    return statistics.median(t_mod), statistics.median(t_tr)
+    return tuple(statistics.median(t) for t in times)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,14 +73,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, T={T} H={H} V={V}, "
           f"median of {repeats}")
-    print(f"{'config':<20} {'torch ms':>9} {'trace ms':>9} {'ratio':>6}")
+    print(f"{'config':<20} {'torch ms':>9} {'anchored':>9} {'ratio':>6} {'step ms':>9} "
+          f"{'ratio':>6}")
     for label, cls, layers, B in CONFIGS:
         if args.only not in label:
             continue
         module = cls(V, H, num_layers=layers, batch_first=True).eval()
         x = one_hot_input(B, T, V)
-        t_mod, t_tr = measure(module, x, repeats, warmup)
-        print(f"{label:<20} {t_mod * 1e3:9.2f} {t_tr * 1e3:9.2f} {t_tr / t_mod:6.2f}")
+        t_mod, t_an, t_st = measure(module, x, repeats, warmup)
+        print(f"{label:<20} {t_mod * 1e3:9.2f} {t_an * 1e3:9.2f} {t_an / t_mod:6.2f} "
+              f"{t_st * 1e3:9.2f} {t_st / t_mod:6.2f}")
 
 
 if __name__ == "__main__":
