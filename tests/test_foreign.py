@@ -366,3 +366,33 @@ def test_cli_arguments(tmp_path: Path, vocab: Path, ids: torch.Tensor) -> None:
         "--weights FILE is needed for a model gatelens did not train"
     assert _error(lambda: foreign_from_args(bare.parse_args(["--weights", "w.pt"]))) == \
         "w.pt: --weights needs --vocab FILE (characters in index order)"
+
+
+def test_analyze_foreign_weights_end_to_end(tmp_path, capsys):
+    """`gatelens analyze --weights --vocab --text --out`: a page from weights alone."""
+    from gatelens.cli import main
+
+    torch.manual_seed(0)
+    model = EmbedLSTM()
+    weights = _save(model.state_dict(), tmp_path / "w.safetensors")
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps(CHARS), encoding="utf-8")
+    text = tmp_path / "text.txt"
+    text.write_text(("abc defg\nhab " * 40)[:400], encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["analyze", "--weights", str(weights), "--vocab", str(vocab), "--text", str(text),
+            "--windows", "2", "--length", "40", "--perturb-pos", "8", "--out", str(out),
+            "--prefix", "lstm.", "--embed-tensor", "emb.weight", "--head", "out.", "--quiet"]
+    assert main(args) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["version"] == 2 and rep["model"]["path"] == "lstm"
+    assert rep["model"]["cell"] == "lstm" and rep["model"]["layers"] == 2
+    assert rep["verification"]["passed"] and rep["output_reach"]["kl"][0] > 0
+    assert (out / "report.html").is_file() and (out / "report.md").is_file()
+    pickled = tmp_path / "bad.pt"
+    torch.save({"model": EmbedLSTM()}, pickled)  # a pickled module, not tensors
+    capsys.readouterr()
+    assert main(["analyze", "--weights", str(pickled), "--vocab", str(vocab), "--text",
+                 str(text), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "pickled Python objects" in err and "Traceback" not in err and len(err.splitlines()) == 1

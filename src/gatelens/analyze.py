@@ -282,6 +282,7 @@ def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int = 32,
                                           else None), ids, list(model.vocab),
                 perturb_pos=perturb_pos, seed=seed,
                 model={"cell": spec.family, "hidden": model.hidden, "layers": model.layers,
-                       "step": None, "path": model.prefix.rstrip("."), "weights": model.source},
+                       "step": None, "path": model.prefix.rstrip("."),
+                       "weights": str(model.source)},
                 text={"windows": windows, "length": length, "source": str(text)})
     return write_analysis(a, out)
