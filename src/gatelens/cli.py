@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from .cellspec import FAMILIES
 from .config import TrainConfig
-from .errors import CheckFailed, GatelensError
+from .errors import CheckFailed, GatelensError, positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -16,36 +16,26 @@ class _Parser(argparse.ArgumentParser):
         raise GatelensError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
-
-
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a character-level model into a run directory")
     d = TrainConfig()
     p.add_argument("--corpus", help=f"built-in name or UTF-8 text file (default {d.corpus})")
     p.add_argument("--cell", choices=FAMILIES, help=f"default {d.cell}")
-    p.add_argument("--hidden", type=_positive_int, help=f"units per layer (default {d.hidden})")
-    p.add_argument("--layers", type=_positive_int, help=f"default {d.layers}")
-    p.add_argument("--embed", type=_positive_int, help="embedding size (default: one-hot)")
+    p.add_argument("--hidden", type=positive_int, help=f"units per layer (default {d.hidden})")
+    p.add_argument("--layers", type=positive_int, help=f"default {d.layers}")
+    p.add_argument("--embed", type=positive_int, help="embedding size (default: one-hot)")
     p.add_argument("--nonlinearity", choices=["tanh", "relu"], help="plain RNN only")
-    p.add_argument("--steps", type=_positive_int, help=f"default {d.steps}")
-    p.add_argument("--batch", type=_positive_int, help=f"default {d.batch}")
-    p.add_argument("--seq", type=_positive_int, help=f"default {d.seq}")
+    p.add_argument("--steps", type=positive_int, help=f"default {d.steps}")
+    p.add_argument("--batch", type=positive_int, help=f"default {d.batch}")
+    p.add_argument("--seq", type=positive_int, help=f"default {d.seq}")
     p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d.lr})")
     p.add_argument("--clip", type=float, help=f"gradient norm clip (default {d.clip})")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--forget-bias", type=float, metavar="B",
                    help="forget gate's total bias (GRU: z) in every unit")
     g.add_argument("--chrono", type=float, metavar="TMAX", help="chrono initialisation")
-    p.add_argument("--eval-every", type=_positive_int, help=f"default {d.eval_every}")
-    p.add_argument("--val-windows", type=_positive_int, help=f"default {d.val_windows}")
+    p.add_argument("--eval-every", type=positive_int, help=f"default {d.eval_every}")
+    p.add_argument("--val-windows", type=positive_int, help=f"default {d.val_windows}")
     p.add_argument("--seed", type=int, help=f"default {d.seed}")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -91,8 +81,8 @@ def _add_verify(sub) -> None:
     p.add_argument("run")
     p.add_argument("--checkpoint", default="best", help="best, final or a step number")
     p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
-    p.add_argument("--windows", type=_positive_int, default=32)
-    p.add_argument("--length", type=_positive_int, default=128)
+    p.add_argument("--windows", type=positive_int, default=32)
+    p.add_argument("--length", type=positive_int, default=128)
     p.add_argument("--tol", type=float, default=1e-5,
                    help="largest difference that passes (default 1e-5)")
 
@@ -158,8 +148,8 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", default=None, metavar="FILE",
                    help="analyse the first WINDOWS x LENGTH characters of FILE "
                         "(default: windows evenly spaced over the validation split)")
-    p.add_argument("--windows", type=_positive_int, default=32, help="B, windows (default 32)")
-    p.add_argument("--length", type=_positive_int, default=128,
+    p.add_argument("--windows", type=positive_int, default=32, help="B, windows (default 32)")
+    p.add_argument("--length", type=positive_int, default=128,
                    help="T, characters per window (default 128)")
     p.add_argument("--perturb-pos", type=int, default=32, dest="perturb_pos",
                    help="position p of the changed character (default 32)")

@@ -17,3 +17,20 @@ class CheckFailed(Exception):
     """A check ran and failed (e.g. verification above tolerance): exit code 1."""
 
     exit_code = 1
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer, with a one-line error otherwise.
+
+    >>> positive_int("3")
+    3
+    """
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v

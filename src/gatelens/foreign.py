@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cellspec import FAMILIES, family_spec
-from .errors import GatelensError
+from .errors import GatelensError, positive_int
 from .foreign_io import PathLike, read_tensors, read_vocab
 from .model import CELLS
 
@@ -285,16 +285,6 @@ def load_foreign(weights: PathLike, *, vocab: PathLike, cell: str | None = None,
                         embed_name=embed_name, head_prefix=head_prefix)
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
-
-
 def add_foreign_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags for analysing weights gatelens did not train (``--weights``, ``--vocab``...).
 
@@ -315,8 +305,8 @@ def add_foreign_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix", metavar="PREFIX",
                    help="name prefix of the recurrent tensors, e.g. encoder.rnn. "
                         "(default: the only one in the file)")
-    g.add_argument("--hidden", type=_positive, help="default: from weight_hh_l0")
-    g.add_argument("--layers", type=_positive, help="default: from the highest _lN")
+    g.add_argument("--hidden", type=positive_int, help="default: from weight_hh_l0")
+    g.add_argument("--layers", type=positive_int, help="default: from the highest _lN")
     g.add_argument("--embed-tensor", metavar="NAME", dest="embed_tensor",
                    help="embedding tensor (V, E), e.g. embed.weight (default: one-hot input)")
     g.add_argument("--head", metavar="PREFIX",
