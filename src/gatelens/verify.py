@@ -167,27 +167,36 @@ def _slice_state(state: State, rows: int) -> State:
     return state[:rows]
 
 
-def trace_diff(module: nn.RNNBase, inputs: Tensor | PackedSequence, state: State,
-               tr: Trace) -> list[LayerDiff]:
-    """Max |trace − PyTorch| of h over every step (and h_n, c_n) per layer and direction."""
+def reference(module: nn.RNNBase, inputs: Tensor | PackedSequence,
+              state: State) -> list[tuple[Tensor, Tensor, Tensor | None]]:
+    """PyTorch's own (output (B, T', D*H_out), h_n, c_n) of the layers up to each layer k:
+    the module itself for the top layer, a fresh copy of layers 0 … k below it."""
     L, D = module.num_layers, 2 if module.bidirectional else 1
-    layers = []
     with faithful_matmul(module.weight_ih_l0.device):
-        for k in range(L):
-            ref = module if k == L - 1 else copy_layers(module, 0, k + 1, module.batch_first)
-            out, h_n, c_n = run_module(ref, inputs, _slice_state(state, (k + 1) * D))
-            H_out = out.shape[-1] // D
-            for d in range(D):
-                name = f"layer{k}{'.reverse' if d else ''}"
-                h = tr[name + ".h"]  # (B, T, H_out)
-                ref_h = out[..., d * H_out : (d + 1) * H_out]  # (B, T', H_out), T' <= T if packed
-                diff_h = _maxdiff(h[:, : ref_h.shape[1]], ref_h)
-                diff_h = max(diff_h, _maxdiff(tr.h_n[k * D + d], h_n[k * D + d]))
-                diff_c = scaled_c = None
-                if c_n is not None:
-                    diff_c = _maxdiff(tr.c_n[k * D + d], c_n[k * D + d])
-                    scaled_c = _maxdiff(tr.c_n[k * D + d], c_n[k * D + d], scaled=True)
-                layers.append(LayerDiff(k, bool(d), diff_h, diff_c, scaled_c))
+        return [run_module(module if k == L - 1 else copy_layers(module, 0, k + 1,
+                                                                 module.batch_first),
+                           inputs, _slice_state(state, (k + 1) * D)) for k in range(L)]
+
+
+def trace_diff(module: nn.RNNBase, refs: list[tuple[Tensor, Tensor, Tensor | None]],
+               tr: Trace) -> list[LayerDiff]:
+    """Max |trace − PyTorch| of h over every step (and h_n, c_n) per layer and direction,
+    against ``reference``'s outputs."""
+    D = 2 if module.bidirectional else 1
+    layers = []
+    for k, (out, h_n, c_n) in enumerate(refs):
+        H_out = out.shape[-1] // D
+        for d in range(D):
+            name = f"layer{k}{'.reverse' if d else ''}"
+            h = tr[name + ".h"]  # (B, T, H_out)
+            ref_h = out[..., d * H_out : (d + 1) * H_out]  # (B, T', H_out), T' <= T if packed
+            diff_h = _maxdiff(h[:, : ref_h.shape[1]], ref_h)
+            diff_h = max(diff_h, _maxdiff(tr.h_n[k * D + d], h_n[k * D + d]))
+            diff_c = scaled_c = None
+            if c_n is not None:
+                diff_c = _maxdiff(tr.c_n[k * D + d], c_n[k * D + d])
+                scaled_c = _maxdiff(tr.c_n[k * D + d], c_n[k * D + d], scaled=True)
+            layers.append(LayerDiff(k, bool(d), diff_h, diff_c, scaled_c))
     return layers
 
 
@@ -214,10 +223,11 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     from gatelens.anchored import one_step_errors  # it builds on trace and this module
 
     cell = check_module(module)
+    refs = reference(module, inputs, state)  # PyTorch's own, once for both traces
     with warnings.catch_warnings():  # the free-running figure is reported, not warned about
         warnings.filterwarnings("ignore", message="trace.method='step'. has left")
-        free = trace_diff(module, inputs, state, trace_fn(module, inputs, state, method="step"))
-    given = None if trace is None else trace_diff(module, inputs, state, trace)
+        free = trace_diff(module, refs, trace_fn(module, inputs, state, method="step"))
+    given = None if trace is None else trace_diff(module, refs, trace)
     one = None
     if not isinstance(inputs, PackedSequence):
         one = one_step_errors(module, *_batch_first(module, inputs, state), tol=tol)
