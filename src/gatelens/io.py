@@ -48,3 +48,25 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
     """Write JSON (indented, keys in insertion order, trailing newline) atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def read_utf8(path: str | os.PathLike) -> str:
+    """A file's bytes decoded as UTF-8; bad UTF-8 is a GatelensError naming the file and the
+    byte offset.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.txt"
+    >>> _ = p.write_bytes(b"ab\\xff")
+    >>> read_utf8(p)
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: ...x.txt: not UTF-8 (invalid byte 0xff at byte offset 2)
+    """
+    from .errors import GatelensError
+
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GatelensError(f"{path}: not UTF-8 (invalid byte 0x{data[e.start]:02x} at byte "
+                            f"offset {e.start})") from None
