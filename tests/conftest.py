@@ -17,6 +17,18 @@ def make_text(n_lines: int = 400, seed: int = 1) -> str:
     return "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(n_lines))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a test module, restored after: on 2 shared cores a second
+    OpenMP thread spins against other jobs and tiny models run several times slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def tiny_text(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.txt"

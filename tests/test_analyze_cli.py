@@ -25,13 +25,7 @@ def make_text(n_lines: int = 300, seed: int = 0) -> str:
                      for _ in range(n_lines)) + "\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run several times faster on one thread than on contended cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ re-run run on its own outputs ends on another trajectory (free-running divergenc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import nn
@@ -25,17 +23,11 @@ from gatelens.trace import trace
 from gatelens.verify import verify
 
 # oneDNN has no projected LSTM and warns once before using PyTorch's own path.
-pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning"),
+              pytest.mark.usefixtures("one_thread")]
 B, T, F, H = 8, 64, 64, 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Two shared cores: a second OpenMP thread spins against other jobs (10× slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def scaled(module: nn.RNNBase, factor: float, dtype: torch.dtype) -> nn.RNNBase:

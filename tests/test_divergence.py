@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,13 +15,7 @@ from gatelens.analysis.divergence import DivergenceRate, divergence_rate
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Two shared cores: a second OpenMP thread spins against other jobs (10× slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def permutation(n: int, seed: int) -> torch.Tensor:

@@ -23,13 +23,7 @@ V = len(CHARS)
 B, T, P = 3, 40, 8  # windows, length, perturbation position
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """A 2-core shared machine: one thread per test, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class CharLM(nn.Module):
