@@ -212,3 +212,30 @@ def test_errors() -> None:
         gatelens.Lens(CharLM()).analyze(TEXT, windows=B, length=T)
     with pytest.raises(GatelensError, match="decoder ran 40 times in one forward"):
         gatelens.Lens(EncDec(steps=True), vocab=CHARS).analyze(windows(), perturb_pos=P)
+
+
+def test_chaotic_model_passes_and_says_so(tmp_path: Path) -> None:
+    """An LSTM with weights x16 is chaotic: each step is still PyTorch's (one-step check
+    passes), the free-running figure is large and explained, λ > 0, and the report reads
+    the perturbation as growing rather than giving a half-life."""
+    torch.manual_seed(0)
+    model = CharLM()
+    with torch.no_grad():
+        for name, p in model.lstm.named_parameters():
+            if name.startswith("weight"):
+                p.mul_(16)
+    ids = torch.randint(0, V, (4, 48), generator=torch.Generator().manual_seed(1))
+    result = gatelens.Lens(model, vocab=CHARS).analyze(ids, windows=4, length=48,
+                                                       perturb_pos=12, out=tmp_path)
+    rep = result.reports["lstm"]
+    v = rep["verification"]
+    assert v["passed"] and v["one_step_max_abs_diff_h"] < 1e-5
+    assert v["free_running_max_abs_diff_h"] > 1e-3 and "chaotic" in v["explanation"]
+    assert rep["divergence"]["regime"] == "chaotic" and rep["divergence"]["lyapunov_per_char"] > 0
+    # the trace handed back is the module's own trajectory, not the free-running one
+    a = result.analyses["lstm"]
+    with torch.no_grad():
+        out, _ = model.lstm(model.embed(ids))
+    assert (a.trace["layer1.h"] - out).abs().max() <= 1e-5
+    md = (tmp_path / "lstm" / "report.md").read_text()
+    assert "chaotic" in md
