@@ -277,11 +277,10 @@ def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int = 32,
 
     ids = analysis_windows(Vocab(list(model.vocab)), windows, length,
                            text=read_text_file(text), where=str(text))  # (B, T)
-    spec = trace(model.rnn, model.encode(ids[:1, :1])).spec
     a = measure(model.rnn, encoder_runner(model.encode, model if model.head is not None
                                           else None), ids, list(model.vocab),
                 perturb_pos=perturb_pos, seed=seed,
-                model={"cell": spec.family, "hidden": model.hidden, "layers": model.layers,
+                model={"cell": model.cell, "hidden": model.hidden, "layers": model.layers,
                        "step": None, "path": model.prefix.rstrip("."),
                        "weights": str(model.source)},
                 text={"windows": windows, "length": length, "source": str(text)})
