@@ -138,3 +138,20 @@ def test_results_check_their_shapes():
         GateDistributions("lstm", 10, {"f": {**STATS, "p5": 0.95}})  # unordered percentiles
     with pytest.raises(ValueError):
         PerturbationDecay(3, 1, "c", [1, 2], [0.5], None, None, [0.5, 0.2], {})
+
+
+def test_reach_is_plotted_beside_the_state_curves(tmp_path, analysis_of):
+    """A model with logits gets the KL curve as a second panel of the decay plot."""
+    import matplotlib.image as mpimg
+
+    from gatelens.report.write import write_analysis
+
+    a = analysis_of("gru", windows=3, length=24, hidden=6, perturb_pos=4)
+    assert a.reach is not None
+    write_analysis(a, tmp_path)
+    wide = mpimg.imread(tmp_path / "plots" / "perturbation_decay.png")  # (H, W, 4)
+    a.reach = None
+    a.__dict__.pop("report", None)  # the cached report.json content, rebuilt without reach
+    write_analysis(a, tmp_path / "no_reach")
+    narrow = mpimg.imread(tmp_path / "no_reach" / "plots" / "perturbation_decay.png")
+    assert wide.shape[1] > 1.5 * narrow.shape[1]

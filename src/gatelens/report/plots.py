@@ -77,6 +77,22 @@ def plot_decay(ax: Axes, curves: dict[str, np.ndarray], lags: list[int] | None =
     ax.legend(fontsize=8)
 
 
+def plot_reach(ax: Axes, curve: list[float] | np.ndarray, lags: list[int] | None = None) -> None:
+    """Output-level reach: KL of the next-character predictions against lag, log scale."""
+    y = np.asarray(curve, dtype=np.float64)
+    k = np.arange(len(y))
+    ok = (k >= 1) & (y > 0) & np.isfinite(y)
+    ax.plot(k[ok], y[ok], color=COLORS["measured"], label="KL(p ‖ p′)")
+    if lags:
+        marks = [j for j in lags if j < len(y) and y[j] > 0]
+        ax.plot(marks, y[marks], "o", color=COLORS["measured"], ms=3)
+    ax.set_yscale("log")
+    ax.set_xlabel("lag k (characters after the change)")
+    ax.set_ylabel("KL of next-character predictions (nats)")
+    ax.set_title("what the model uses", fontsize=9)
+    ax.legend(fontsize=8)
+
+
 def plot_gate_distributions(ax: Axes, gates: dict, baseline: dict | None = None) -> None:
     """Box summaries from the percentiles (whiskers 5–95 %, box 25–75 %), trained vs step 0."""
     letters = [g for g in gates if g != "n_values"]
@@ -147,8 +163,17 @@ def write_plots(report: dict, out: Path, curves: dict[str, np.ndarray] | None = 
                             units["gate"])
         paths.append(_save(fig, out / "units_forget_mean.png"))
     if curves:
-        fig = Figure(figsize=(7, 4))
-        plot_decay(fig.subplots(), curves, report["perturbation"]["lags"])
+        reach = report.get("output_reach")
+        lags = report["perturbation"]["lags"]
+        if reach and reach.get("curve"):  # what the state holds, beside what the model uses
+            fig = Figure(figsize=(12, 4))
+            left, right = fig.subplots(1, 2)
+            plot_decay(left, curves, lags)
+            left.set_title("what the state holds", fontsize=9)
+            plot_reach(right, reach["curve"], lags)
+        else:
+            fig = Figure(figsize=(7, 4))
+            plot_decay(fig.subplots(), curves, lags)
         paths.append(_save(fig, out / "perturbation_decay.png"))
     if len(report["gates"]) > 1:
         fig = Figure(figsize=(7, 4))
