@@ -81,14 +81,15 @@ def is_synthetic(name: str) -> bool:
     return name.split(":", 1)[0] in KINDS and not Path(name).exists()
 
 
-def _int(spec: str, key: str, text: str) -> int:
+def _int(spec: str, key: str, text: str, value: str) -> int:
+    """``text`` as an integer within LIMITS[key]; errors name ``key=value``."""
     try:
         v = int(text, 10)
     except ValueError:
-        raise GatelensError(f"{spec}: {key}={text}: not an integer") from None
+        raise GatelensError(f"{spec}: {key}={value}: not an integer") from None
     lo, hi = LIMITS[key]
     if not lo <= v <= hi:
-        raise GatelensError(f"{spec}: {key}={text}: must be between {lo} and {hi}")
+        raise GatelensError(f"{spec}: {key}={value}: must be between {lo} and {hi}")
     return v
 
 
@@ -120,13 +121,13 @@ def parse_spec(spec: str) -> SyntheticSpec:
         value = value.strip()
         if key == "gap":
             lo_s, dash, hi_s = value.partition("-")
-            lo = _int(spec, key, lo_s)
-            hi = _int(spec, key, hi_s) if dash else lo
+            lo = _int(spec, key, lo_s, value)
+            hi = _int(spec, key, hi_s, value) if dash else lo
             if lo > hi:
                 raise GatelensError(f"{spec}: gap LO must be <= HI")
             params[key] = (lo, hi)
         else:
-            params[key] = _int(spec, key, value)
+            params[key] = _int(spec, key, value, value)
     return SyntheticSpec(kind, params)
 
 
