@@ -38,7 +38,7 @@ def _record_starts(x: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(start, np.arange(len(x)), 0))
 
 
-def _bracket_depths(x: np.ndarray, types: int) -> tuple[np.ndarray, np.ndarray]:
+def _bracket_depths(x: np.ndarray, types: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Type of each opening (≥ 0) / closing (≥ 0) bracket, and the depth before each char."""
     op, cl = _lookup(OPENS[:types])[x], _lookup(CLOSES[:types])[x]
     delta = (op >= 0).astype(np.int64) - (cl >= 0)
