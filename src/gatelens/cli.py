@@ -19,7 +19,8 @@ class _Parser(argparse.ArgumentParser):
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a character-level model into a run directory")
     d = TrainConfig()
-    p.add_argument("--corpus", help=f"built-in name or UTF-8 text file (default {d.corpus})")
+    p.add_argument("--corpus", help="built-in name (shakespeare, recall[:gap=LO-HI,seed=S,"
+                   f"chars=N,…], brackets[:depth=D,…]) or UTF-8 text file (default {d.corpus})")
     p.add_argument("--cell", choices=FAMILIES, help=f"default {d.cell}")
     p.add_argument("--hidden", type=positive_int, help=f"units per layer (default {d.hidden})")
     p.add_argument("--layers", type=positive_int, help=f"default {d.layers}")

