@@ -152,3 +152,21 @@ def test_report_command_rebuilds_html(runs, tmp_path, capsys):
     assert cli.main(["report", str(tmp_path)]) == 2  # no analysis there
     err = capsys.readouterr().err
     assert "page_data.json is missing" in err and "Traceback" not in err
+
+
+def test_synthetic_corpus_report_reads_loss_against_its_bounds(tmp_path):
+    """A run on `recall` gets the corpus's memoryless and best losses beside its own."""
+    from gatelens.synthetic import describe_corpus
+
+    spec = "recall:gap=5-20,chars=20000"
+    run = tmp_path / "run"
+    assert cli.main(["train", "--corpus", spec, "--hidden", "8", "--steps", "4", "--batch", "4",
+                 "--seq", "64", "--eval-every", "2", "--val-windows", "2", "--out", str(run),
+                 "--quiet"]) == 0
+    a = analyze(run, windows=2, length=64, perturb_pos=8, out=tmp_path / "a", progress=False)
+    ctl, desc = a.report["control_losses"], describe_corpus(spec)
+    assert ctl["memoryless_loss"] == desc["memoryless_loss"] > ctl["best_loss"] == desc[
+        "best_loss"]
+    best = json.loads((run / "config.json").read_text())["best"]["val_loss"]
+    assert ctl["best_val_loss"] == best
+    assert "## Against the corpus's own bounds" in (tmp_path / "a" / "report.md").read_text()

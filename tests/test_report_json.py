@@ -51,7 +51,7 @@ def report(cell: str = "lstm") -> dict:
         model={"cell": cell, "hidden": 3, "layers": 1, "step": 40},
         text={"windows": 4, "length": 8, "source": "test"},
         verification=VerifyResult(cell, [], 1e-7, c, c, 2e-7), gates=gates,
-        divergence=None, reach=None, reach_note="no logits",
+        divergence=None, reach=None, reach_note="no logits", control=None,
         units=units, perturbation=decay(rnn), char_classes=classes,
         baseline=Baseline(0, None, gates, base_units),
         history={"step": [0, 20, 40], "val_loss": [4.0, 3.0, 3.1], "train_step": [1, 2],

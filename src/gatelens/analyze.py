@@ -104,6 +104,7 @@ class Analysis:
     reach_note: str | None = None  # why there is no output-level reach
     baseline: Baseline | None = None
     history: dict | None = None  # validation loss over training (runs only)
+    control: dict | None = None  # a synthetic corpus's memoryless and best losses (runs only)
     best_step: int | None = None
     out: Path | None = None  # where it was written
     plots: list[Path] = field(default_factory=list)
@@ -259,6 +260,11 @@ def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path
                "chrono": cfg["train"].get("chrono")},
         text={"windows": windows, "length": length, "source": source}, timings=clock)
     a.history, a.best_step = read_history(run), cfg.get("best", {}).get("step")
+    synthetic = cfg.get("corpus", {}).get("synthetic")
+    if synthetic:  # read the model's loss against what memory could and could not buy
+        a.control = {"corpus": synthetic["name"], "memoryless_loss": synthetic["memoryless_loss"],
+                     "best_loss": synthetic["best_loss"],
+                     "best_val_loss": cfg.get("best", {}).get("val_loss")}
     t0 = time.perf_counter()
     write_analysis(a, run / "analysis" if out is None else Path(out))
     clock["write"] = time.perf_counter() - t0

@@ -107,6 +107,7 @@ def build_report(a: Analysis) -> dict:
             **a.reach.to_dict(), "curve": [float(v) for v in a.reach.curve],
             "description": a.reach.describe()},
         "output_reach_note": a.reach_note,
+        "control_losses": a.control,
     }
     check_report(report)
     return report

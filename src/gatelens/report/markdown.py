@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..analysis.units import HALF_LIFE_LONG
 from .tables import (
     GATE_NAMES,
+    Table,
     classes_table,
     divergence_table,
     fmt,
@@ -127,6 +128,19 @@ def _reach(rep: dict) -> list[str]:
         "of the changed character; this one says what it still uses to predict."]
 
 
+def _control_reading(ctl: dict) -> str:
+    """Where the model's loss sits between the memoryless and the best achievable loss.
+
+    >>> _control_reading({"memoryless_loss": 1.4, "best_loss": 1.2, "best_val_loss": 1.3})
+    'the model recovers 50 % of what memory can buy (0 % = memoryless, 100 % = best).'
+    """
+    lo, hi, v = ctl["best_loss"], ctl["memoryless_loss"], ctl["best_val_loss"]
+    if v is None or hi <= lo:
+        return "no validation loss to compare."
+    return (f"the model recovers {100 * (hi - v) / (hi - lo):.0f} % of what memory can buy "
+            "(0 % = memoryless, 100 % = best).")
+
+
 def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
     """report.md from a report.json dict; ``plots`` are paths relative to report.md."""
     m, t = rep["model"], rep["text"]
@@ -143,6 +157,14 @@ def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
               "## Gates by input character", "", *_classes(rep), "",
               "## Divergence rate", "", *_divergence(rep), "",
               "## Output-level reach", "", *_reach(rep), ""]
+    ctl = rep.get("control_losses")
+    if ctl:
+        lines += ["## Against the corpus's own bounds", "",
+                  *Table(["loss (nats per character)", "value"],
+                         [["memoryless (forgets the character to recall)", ctl["memoryless_loss"]],
+                          ["best achievable (perfect memory)", ctl["best_loss"]],
+                          ["this model's best validation loss", ctl["best_val_loss"]]]).markdown(),
+                  "", f"Reading: {_control_reading(ctl)}", ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(lines)
