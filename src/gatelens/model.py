@@ -21,7 +21,8 @@ from .cellspec import CellSpec, family_spec
 from .config import check_chrono
 from .modern import MODERN, is_modern
 
-CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN, **MODERN}
+#: PyTorch's modules by ``--cell`` name; gatelens's own cells are ``modern.MODERN``.
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
 
 
 class CharLM(nn.Module):
@@ -42,8 +43,9 @@ class CharLM(nn.Module):
     def __init__(self, vocab_size: int, hidden: int = 325, layers: int = 1, cell: str = "lstm",
                  embed: int | None = None, nonlinearity: str = "tanh", heads: int = 1) -> None:
         super().__init__()
-        if cell not in CELLS:
-            raise ValueError(f"cell must be one of {sorted(CELLS)}, got {cell!r}")
+        if cell not in CELLS and cell not in MODERN:
+            raise ValueError(f"cell must be one of {sorted(CELLS) + sorted(MODERN)}, "
+                             f"got {cell!r}")
         self.vocab_size, self.cell = vocab_size, cell
         self.embed = nn.Embedding(vocab_size, embed) if embed else None
         n_in = embed if embed else vocab_size
