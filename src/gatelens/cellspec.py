@@ -35,6 +35,9 @@ class CellSpec:
         keep_gate: the gate that scales the carried state (f, z), None without one.
         input_gate: the gate chrono initialisation sets to −b_f (LSTM i), else None.
         state: the carried state s of the perturbation measurement (c or h).
+        candidate: the letter ĉ of a convex-mix cell, s' = keep ⊙ s + (1 − keep) ⊙ ĉ (GRU n,
+            minGRU/minLSTM cand, sLSTM z); None for the LSTM and RNN.
+        modern: one of gatelens's own cells (modern.py), not a PyTorch module.
         bounds: value range of each bounded signal (sigmoid [0, 1], tanh [−1, 1]).
         display: a reader's name for each gate letter.
     """
@@ -48,6 +51,8 @@ class CellSpec:
     keep_gate: str | None
     input_gate: str | None
     state: str
+    candidate: str | None = None
+    modern: bool = False
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     display: dict[str, str] = field(default_factory=dict)
 
@@ -80,7 +85,8 @@ CELLS: dict[str, CellSpec] = {
     "gru": CellSpec(
         name="gru", family="gru", mode="GRU", chunks=("r", "z", "n"),
         signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
-        state="h", bounds={"r": SIGMOID, "z": SIGMOID, "n": TANH}, display=_GRU_NAMES),
+        state="h", candidate="n", bounds={"r": SIGMOID, "z": SIGMOID, "n": TANH},
+        display=_GRU_NAMES),
     "rnn_tanh": CellSpec(
         name="rnn_tanh", family="rnn", mode="RNN_TANH", chunks=("pre",),
         signals=("pre", "h"), gates=(), keep_gate=None, input_gate=None, state="h",
@@ -88,6 +94,26 @@ CELLS: dict[str, CellSpec] = {
     "rnn_relu": CellSpec(
         name="rnn_relu", family="rnn", mode="RNN_RELU", chunks=("pre",),
         signals=("pre", "h"), gates=(), keep_gate=None, input_gate=None, state="h"),
+    # gatelens's own cells (modern.py); y is the block's output, the next layer's input.
+    "mingru": CellSpec(
+        name="mingru", family="mingru", mode=None, chunks=("z", "cand"),
+        signals=("z", "cand", "keep", "h", "y"), gates=("z", "keep"), keep_gate="keep",
+        input_gate=None, state="h", candidate="cand", modern=True,
+        bounds={"z": SIGMOID, "keep": SIGMOID},
+        display={"keep": "keep (the state's retention)", "cand": "candidate h̃"}),
+    "minlstm": CellSpec(
+        name="minlstm", family="minlstm", mode=None, chunks=("f", "i", "cand"),
+        signals=("f", "i", "cand", "keep", "h", "y"), gates=("f", "i", "keep"),
+        keep_gate="keep", input_gate="i", state="h", candidate="cand", modern=True,
+        bounds={"f": SIGMOID, "i": SIGMOID, "keep": SIGMOID}, display={"cand": "candidate h̃"}),
+    "slstm": CellSpec(
+        name="slstm", family="slstm", mode=None, chunks=("z", "i", "f", "o"),
+        signals=("z", "i", "f", "o", "c", "n", "m", "kappa", "s", "h", "y"),
+        gates=("z", "i", "f", "o", "kappa"), keep_gate="kappa", input_gate="i", state="s",
+        candidate="z", modern=True,
+        bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
+                "s": TANH, "h": TANH},
+        display={"kappa": "keep κ = f n / n'", "s": "state c/n"}),
 }
 
 #: The extra signal of a projected LSTM (``proj_size > 0``): m = o ⊙ tanh(c), the output
@@ -95,7 +121,7 @@ CELLS: dict[str, CellSpec] = {
 PROJ_SIGNAL = "m"
 
 #: ``--cell`` names, in the order the command line lists them.
-FAMILIES: tuple[str, ...] = ("lstm", "gru", "rnn")
+FAMILIES: tuple[str, ...] = ("lstm", "gru", "rnn", "mingru", "minlstm", "slstm")
 
 
 def cell_spec(cell: str) -> CellSpec:

@@ -26,6 +26,7 @@ def _add_train(sub) -> None:
     p.add_argument("--layers", type=positive_int, help=f"default {d.layers}")
     p.add_argument("--embed", type=positive_int, help="embedding size (default: one-hot)")
     p.add_argument("--nonlinearity", choices=["tanh", "relu"], help="plain RNN only")
+    p.add_argument("--heads", type=positive_int, help="sLSTM only: recurrent heads (default 1)")
     p.add_argument("--steps", type=positive_int, help=f"default {d.steps}")
     p.add_argument("--batch", type=positive_int, help=f"default {d.batch}")
     p.add_argument("--seq", type=positive_int, help=f"default {d.seq}")
@@ -33,7 +34,8 @@ def _add_train(sub) -> None:
     p.add_argument("--clip", type=float, help=f"gradient norm clip (default {d.clip})")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--forget-bias", type=float, metavar="B",
-                   help="forget gate's total bias (GRU: z) in every unit")
+                   help="forget gate's total bias (GRU: z; minGRU: 1 − z; minLSTM, sLSTM: f) "
+                        "in every unit")
     g.add_argument("--chrono", type=float, metavar="TMAX", help="chrono initialisation")
     p.add_argument("--eval-every", type=positive_int, help=f"default {d.eval_every}")
     p.add_argument("--val-windows", type=positive_int, help=f"default {d.val_windows}")

@@ -17,11 +17,12 @@ from .errors import GatelensError
 @dataclass
 class TrainConfig:
     corpus: str = "shakespeare"  # built-in corpus name or a UTF-8 text file's path
-    cell: str = "lstm"  # lstm | gru | rnn
+    cell: str = "lstm"  # lstm | gru | rnn | mingru | minlstm | slstm
     hidden: int = 325  # H, units per layer (the seed's 325)
     layers: int = 1  # stacked recurrent layers
     embed: int | None = None  # None: one-hot input, W_ih has a column per character
     nonlinearity: str = "tanh"  # plain RNN only: tanh | relu
+    heads: int = 1  # sLSTM only: blocks of the block-diagonal recurrent R (must divide hidden)
     steps: int = 800  # optimiser steps (the seed's 800)
     batch: int = 32  # windows per batch
     seq: int = 128  # characters per training window (targets are the next characters)
@@ -49,6 +50,12 @@ class TrainConfig:
             raise GatelensError(f"--nonlinearity must be tanh or relu, got {self.nonlinearity!r}")
         if self.nonlinearity != "tanh" and self.cell != "rnn":
             raise GatelensError("--nonlinearity applies to --cell rnn only")
+        if not isinstance(self.heads, int) or isinstance(self.heads, bool) or self.heads <= 0:
+            raise GatelensError(f"--heads must be a positive integer, got {self.heads}")
+        if self.heads != 1 and self.cell != "slstm":
+            raise GatelensError("--heads applies to --cell slstm only")
+        if self.hidden % self.heads:
+            raise GatelensError(f"--heads {self.heads} must divide --hidden {self.hidden}")
         if not self.lr > 0:
             raise GatelensError(f"--lr must be positive, got {self.lr}")
         if not self.clip > 0:
@@ -58,7 +65,7 @@ class TrainConfig:
         if family_spec(self.cell).keep_gate is None and (self.forget_bias is not None
                                                           or self.chrono is not None):
             flag = "--forget-bias" if self.forget_bias is not None else "--chrono"
-            raise GatelensError(f"{flag} needs a gated cell (lstm or gru); a plain rnn has "
+            raise GatelensError(f"{flag} needs a gated cell (not rnn); a plain rnn has "
                                 "no forget gate")
         if self.chrono is not None:
             check_chrono(self.chrono)

@@ -36,7 +36,7 @@ from .foreign_io import PathLike, read_tensors, read_vocab
 from .model import CELLS
 
 #: Row blocks stacked in weight_ih / weight_hh of each --cell family (the cell table).
-GATES = {f: family_spec(f).n_chunks for f in FAMILIES}
+GATES = {f: family_spec(f).n_chunks for f in FAMILIES if not family_spec(f).modern}
 M = TypeVar("M", bound=nn.Module)
 # PyTorch's names for a recurrent module's tensors: weight_ih_l0, bias_hh_l1_reverse, ...
 _RECURRENT = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")

@@ -19,7 +19,9 @@ from torch import Tensor, nn
 
 from .cellspec import CellSpec, family_spec
 from .config import check_chrono
+from .modern import MODERN, is_modern
 
+#: PyTorch's modules by ``--cell`` name; gatelens's own cells are ``modern.MODERN``.
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
 
 
@@ -30,22 +32,29 @@ class CharLM(nn.Module):
         vocab_size: V, characters in the vocabulary.
         hidden: H, units per layer.
         layers: stacked recurrent layers.
-        cell: "lstm", "gru" or "rnn".
+        cell: "lstm", "gru", "rnn" (PyTorch's modules) or "mingru", "minlstm", "slstm"
+            (gatelens.modern; parameters under ``rnn.`` all the same).
         embed: None for one-hot input (W_ih has one column per character), else the
             embedding size.
         nonlinearity: "tanh" or "relu" (plain RNN only).
+        heads: sLSTM only, blocks of its block-diagonal recurrent weights.
     """
 
     def __init__(self, vocab_size: int, hidden: int = 325, layers: int = 1, cell: str = "lstm",
-                 embed: int | None = None, nonlinearity: str = "tanh") -> None:
+                 embed: int | None = None, nonlinearity: str = "tanh", heads: int = 1) -> None:
         super().__init__()
-        if cell not in CELLS:
-            raise ValueError(f"cell must be one of {sorted(CELLS)}, got {cell!r}")
+        if cell not in CELLS and cell not in MODERN:
+            raise ValueError(f"cell must be one of {sorted(CELLS) + sorted(MODERN)}, "
+                             f"got {cell!r}")
         self.vocab_size, self.cell = vocab_size, cell
         self.embed = nn.Embedding(vocab_size, embed) if embed else None
         n_in = embed if embed else vocab_size
-        kwargs = {"nonlinearity": nonlinearity} if cell == "rnn" else {}
-        self.rnn = CELLS[cell](n_in, hidden, num_layers=layers, batch_first=True, **kwargs)
+        if cell in MODERN:
+            kwargs = {"heads": heads} if cell == "slstm" else {}
+            self.rnn = MODERN[cell](n_in, hidden, num_layers=layers, **kwargs)
+        else:
+            kwargs = {"nonlinearity": nonlinearity} if cell == "rnn" else {}
+            self.rnn = CELLS[cell](n_in, hidden, num_layers=layers, batch_first=True, **kwargs)
         self.head = nn.Linear(hidden, vocab_size)
 
     @classmethod
@@ -57,7 +66,7 @@ class CharLM(nn.Module):
         """
         return cls(vocab_size=vocab_size, hidden=model["hidden"], layers=model["layers"],
                    cell=model["cell"], embed=model.get("embed"),
-                   nonlinearity=model.get("nonlinearity", "tanh"))
+                   nonlinearity=model.get("nonlinearity", "tanh"), heads=model.get("heads", 1))
 
     def encode(self, idx: Tensor) -> Tensor:
         """The recurrent module's input for character indices (B, T) -> (B, T, V or E)."""
@@ -98,6 +107,10 @@ def set_forget_bias(model: CharLM, value: float) -> None:
     >>> (m.rnn.bias_ih_l0[3:6] + m.rnn.bias_hh_l0[3:6]).tolist()
     [2.0, 2.0, 2.0]
     """
+    if is_modern(model.rnn):
+        for layer in range(model.rnn.num_layers):
+            _modern_keep_bias(model.rnn, layer, torch.full((model.rnn.hidden_size,), value))
+        return
     k = _keep_spec(model, "a forget bias").chunk_of_keep
     for layer, suffix in _layers(model.rnn):
         b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
@@ -113,6 +126,11 @@ def set_chrono(model: CharLM, t_max: float, generator: torch.Generator | None = 
     """
     spec = _keep_spec(model, "chrono initialisation")
     check_chrono(t_max)
+    if is_modern(model.rnn):
+        for layer in range(model.rnn.num_layers):
+            u = torch.rand(model.rnn.hidden_size, generator=generator, dtype=torch.float64)
+            _modern_keep_bias(model.rnn, layer, torch.log(1 + u * (t_max - 2)), chrono=True)
+        return
     k = spec.chunk_of_keep
     for layer, suffix in _layers(model.rnn):
         b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
@@ -123,6 +141,19 @@ def set_chrono(model: CharLM, t_max: float, generator: torch.Generator | None = 
         if spec.input_gate is not None:
             b_ih[spec.chunk(spec.input_gate)].copy_(-b_f)
             b_hh[spec.chunk(spec.input_gate)].zero_()
+
+
+def _modern_keep_bias(rnn: nn.Module, layer: int, b_f: Tensor, chrono: bool = False) -> None:
+    """A gatelens cell's keep bias: minGRU b_z = −b (keep 1 − z = σ(−z̃) starts at σ(b));
+    minLSTM b_f = b, b_i = −b (f* = σ(b)/(σ(b) + σ(−b)) = σ(b) before the weights act);
+    sLSTM b_f = b (its forget gate; κ has no bias of its own), with chrono b_i = −b too."""
+    b_f = b_f.to(rnn.weight_ih_l0.dtype)
+    if rnn.cell == "mingru":
+        rnn.bias_of(layer, "z").copy_(-b_f)
+        return
+    rnn.bias_of(layer, "f").copy_(b_f)
+    if rnn.cell == "minlstm" or chrono:
+        rnn.bias_of(layer, "i").copy_(-b_f)
 
 
 def initial_keep_value(forget_bias: float | None) -> float:

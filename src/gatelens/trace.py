@@ -1,5 +1,8 @@
 """Opened cells: every gate of an nn.LSTM, nn.GRU or nn.RNN, step by step.
 
+gatelens's own cells (modern.py: minGRU, minLSTM, sLSTM) are traced by their own
+``trace`` method; ``trace`` hands them over and keeps only ``names``.
+
 ``trace(module, inputs, state)`` takes exactly what the module's own forward takes and
 re-runs it from the module's weights (``run_stack`` here runs the layers, cells.py has the
 equations), returning a Trace of ``(B, T, H)`` tensors named ``layer0.f``,
@@ -241,6 +244,11 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     """
     if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    if getattr(module, "gatelens_modern", False):  # gatelens's own cells trace themselves
+        tr = module.trace(inputs, state)
+        keep = _check_names(names, list(tr))
+        return tr if names is None else Trace(**{**tr.__dict__,
+                                                 "tensors": {n: tr[n] for n in keep}})
     spec = _check(module, inputs, state)
     method = {"parallel": "anchored"}.get(method, method) or (
         "step" if spec.lengths is not None else "anchored")

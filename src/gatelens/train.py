@@ -106,7 +106,8 @@ def _synthetic(name: str) -> dict:
 def model_config(cfg: TrainConfig) -> dict:
     """config.json's "model" block (less the vocabulary size) for a training config."""
     return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": cfg.embed,
-            "nonlinearity": cfg.nonlinearity, "input": "embedding" if cfg.embed else "one-hot"}
+            "nonlinearity": cfg.nonlinearity, "input": "embedding" if cfg.embed else "one-hot",
+            **({"heads": cfg.heads} if cfg.cell == "slstm" else {})}
 
 
 def build(cfg: TrainConfig, vocab_size: int) -> CharLM:

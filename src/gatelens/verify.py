@@ -26,6 +26,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import asdict, dataclass, field
 
+import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
@@ -222,6 +223,8 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     """
     from gatelens.anchored import one_step_errors  # it builds on trace and this module
 
+    if getattr(module, "gatelens_modern", False):
+        return verify_modern(module, inputs, state, trace, tol)
     cell = check_module(module)
     refs = reference(module, inputs, state)  # PyTorch's own, once for both traces
     with warnings.catch_warnings():  # the free-running figure is reported, not warned about
@@ -252,3 +255,30 @@ def _maxdiff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
     if scaled:
         diff = diff / b.double().abs().clamp(min=1.0)
     return float(diff.max())
+
+
+def verify_modern(module: nn.Module, inputs: Tensor, state: State = None,
+                  trace: Trace | None = None, tol: float = VERIFY_TOL) -> VerifyResult:
+    """A gatelens cell (modern.py): its traced h and y (the sequential step) against its own
+    forward pass (the parallel scan for minGRU/minLSTM), every layer, step and h_n. The
+    cell is its own reference, so the one-step and free-running figures are the same.
+
+    >>> import torch
+    >>> from gatelens.modern import MinGRU
+    >>> verify(MinGRU(3, 4, num_layers=2), torch.randn(2, 6, 3)).passed
+    True
+    """
+    mine = trace if trace is not None else module.trace(inputs, state)
+    with torch.no_grad():
+        out, final, sig = module.run(inputs, state, parallel=True, signals=True)
+    h_n = final if isinstance(final, Tensor) else final[0]  # (L, B, H)
+    layers = []
+    for k in range(module.num_layers):
+        diff = max(_maxdiff(mine[f"layer{k}.{s}"], sig[f"layer{k}.{s}"]) for s in ("h", "y"))
+        layers.append(LayerDiff(k, False, max(diff, _maxdiff(mine.h_n[k], h_n[k])), None))
+    diff = max(max(x.max_abs_diff_h for x in layers), _maxdiff(mine[f"layer{k}.y"], out))
+    return VerifyResult(cell=module.cell, layers=layers, one_step_max_abs_diff_h=diff,
+                        one_step_max_abs_diff_c=None, one_step_max_scaled_diff_c=None,
+                        free_running_max_abs_diff_h=diff, free_running_layers=layers,
+                        trace_max_abs_diff_h=None if trace is None else diff, tol=tol,
+                        meta={"dtype": str(module.weight_ih_l0.dtype)})

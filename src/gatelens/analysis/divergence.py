@@ -32,6 +32,7 @@ is reported and both are kept in ``per_direction``.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -104,6 +105,8 @@ def divergence_rate(module: nn.Module, inputs: Tensor, seed: int = 0, burn_in: i
     >>> d.regime, d.per_window.shape, sorted(d.to_dict())
     ('contracting', (2,), ['burn_in', 'lyapunov_per_char', 'regime', 'sd_over_windows'])
     """
+    if getattr(module, "gatelens_modern", False):
+        return _modern_rate(module, inputs, seed, burn_in, state)
     cell, h0, c0 = check_inputs(module, inputs, state)
     T = inputs.shape[1]
     if not isinstance(burn_in, int) or not 0 <= burn_in < T:
@@ -176,3 +179,38 @@ def _rate(ws: list[CellWeights], xs: list[Tensor], traj: list[Tensor], init: lis
             v = [p / growth[:, None] for p in v]
             prev = [s[:, t] for s in traj]
     return (total / (len(order) - burn_in)).cpu().numpy()
+
+
+def _modern_rate(module: nn.Module, inputs: Tensor, seed: int, burn_in: int,
+                 state: State) -> DivergenceRate:
+    """λ of a gatelens cell (modern.py) along its own float64 trajectory, on its
+    ``stack_step`` state. Step 0 sets the state from the initial one; the sum runs over
+    t ≥ max(1, burn_in), the unit start vector sits at t = 0."""
+    T = inputs.shape[1]
+    if not isinstance(burn_in, int) or not 0 <= burn_in < T:
+        raise ValueError(f"burn_in must be an int in [0, T) = [0, {T}); got {burn_in!r}")
+    m64 = copy.deepcopy(module).double().eval()
+    x = inputs.detach().double()  # (B, T, F)
+    st = None if state is None else (state.double() if isinstance(state, Tensor)
+                                     else tuple(p.double() for p in state))
+    traj = [p.detach() for p in m64.free_states(m64.trace(x, st))]  # (B, T, H) each
+    gen = torch.Generator().manual_seed(int(seed))
+    B, sizes = x.shape[0], [p.shape[-1] for p in traj]
+    v = torch.randn(B, sum(sizes), generator=gen, dtype=torch.float64).to(x.device)  # (B, S)
+    v = list((v / v.norm(dim=-1, keepdim=True)).split(sizes, dim=-1))
+    total = torch.zeros(B, dtype=torch.float64, device=x.device)
+    start = max(1, burn_in)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
+                                category=DeprecationWarning)
+        for t in range(1, T):
+            prev = tuple(p[:, t - 1] for p in traj)
+            _, v = torch.func.jvp(lambda *s, t=t: tuple(m64.stack_step(x[:, t], list(s))),
+                                  prev, tuple(v))
+            growth = torch.sqrt(sum((p * p).sum(dim=-1) for p in v))  # (B,)
+            if t >= start:
+                total = total + torch.log(growth)
+            v = [p / growth[:, None] for p in v]
+    per_window = (total / (T - start)).cpu().numpy()
+    sd = float(np.std(per_window, ddof=1)) if per_window.size > 1 else 0.0
+    return DivergenceRate(float(np.mean(per_window)), sd, burn_in, per_window)

@@ -92,9 +92,10 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
         i2, g2 = (pooled(perturbed, k).double() for k in "ig")
         entry = i * g  # (B, T, S): what the unperturbed cell writes
         entry2 = i2 * g2
-    else:  # GRU: h' = (1 − z) ⊙ n + z ⊙ h
-        entry = (1 - f) * pooled(trace, "n").double()
-        entry2 = (1 - f2) * pooled(perturbed, "n").double()
+    else:  # a convex mix s' = keep ⊙ s + (1 − keep) ⊙ ĉ (GRU: z, n; cellspec.candidate)
+        cand = trace.spec.candidate
+        entry = (1 - f) * pooled(trace, cand).double()
+        entry2 = (1 - f2) * pooled(perturbed, cand).double()
     measured = s2 - s  # (B, T, S)
     measured[:, :position] = 0.0
     forget = torch.zeros_like(measured)

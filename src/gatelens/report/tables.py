@@ -22,8 +22,11 @@ from ..cellspec import CELLS
 
 STATS = ("mean", "p5", "p25", "p50", "p75", "p95")
 STAT_LABELS = ("mean", "5 %", "25 %", "50 %", "75 %", "95 %")
-#: A reader's name for every gate letter of every cell.
-GATE_NAMES = {k: v for spec in CELLS.values() for k, v in spec.display.items()}
+#: A reader's name for every gate letter of every cell (the first cell naming a letter wins).
+GATE_NAMES: dict[str, str] = {}
+for _spec in CELLS.values():
+    for _k, _v in _spec.display.items():
+        GATE_NAMES.setdefault(_k, _v)
 
 
 def fmt(x: Any, digits: int = 3) -> str:
