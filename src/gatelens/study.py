@@ -1,7 +1,8 @@
 """``gatelens study``: many training runs, each analysed at every checkpoint, as Ray tasks.
 
     DIR/trials/<id>/run/                    a run directory (every checkpoint kept)
-    DIR/trials/<id>/analysis/step-NNNNNN/   ``gatelens analyze`` of each checkpoint
+    DIR/trials/<id>/analysis/step-NNNNNN/   ``gatelens analyze`` of each checkpoint (plots:
+                                            the final one's only)
     DIR/trials/<id>/trial.json              status, error, checkpoints [{step, val_loss, report}]
     DIR/study.json  DIR/study.md  DIR/study.html   the merge (``gatelens.study_report``)
 
@@ -24,9 +25,11 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import GatelensError
 from .io import atomic_write_json
@@ -98,16 +101,18 @@ def _train(trial: Trial, run: Path) -> str:
 
 
 def _analyze_all(trial: Trial, tdir: Path) -> list[dict]:
-    """``analyze`` every checkpoint (step 0 … final) on the condition's windows."""
+    """``analyze`` every checkpoint (step 0 … final) on the condition's windows; PNG plots
+    for the final one only (the study plots every figure over training)."""
     from .analyze import analyze
 
     run = tdir / "run"
     val = {int(r["step"]): float(r["val_loss"]) for r in history_rows(run) if r["val_loss"]}
-    out = []
-    for step in checkpoint_steps(run):
+    out, steps = [], checkpoint_steps(run)
+    for step in steps:
         dest = tdir / "analysis" / f"step-{step:06d}"
         if not (dest / "report.html").exists():  # report.html is written last
-            analyze(run, checkpoint=step, out=dest, progress=False, **trial.analysis)
+            analyze(run, checkpoint=step, out=dest, progress=False, plots=step == steps[-1],
+                    **trial.analysis)
         out.append({"step": step, "val_loss": val.get(step),
                     "report": (dest / "report.json").relative_to(tdir.parent.parent).as_posix()})
     return out
@@ -180,35 +185,44 @@ def _estimate(todo: list[Trial], workers: int, threads: int) -> str:
 
 def _import_ray():
     try:
-        with warnings.catch_warnings():  # Ray's own import-time deprecations, only here
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\..*")
+        with warnings.catch_warnings():  # only Ray's own import-time deprecations
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\..*)?")
             import ray
     except ImportError:
         raise GatelensError(INSTALL_HINT) from None
     return ray
 
 
-def run_ray(todo: list[Trial], out: Path, *, workers: int | None = None,
-            address: str | None = None, cpus_per_trial: int = 1,
-            progress: bool = True) -> list[dict]:
-    """Run ``todo`` as Ray tasks and return their records in completion order.
-
-    Joins an already initialised Ray (left running), else starts a local Ray with
-    ``workers`` CPUs (default: all) or joins ``address``, and shuts it down after. With
-    ``workers`` at most that many trials are in flight.
-    """
+@contextmanager
+def ray_session(workers: int | None = None, address: str | None = None) -> Iterator[Any]:
+    """Ray, initialised: an already running one as it is (left running), else a local Ray
+    with ``workers`` CPUs (default: all cores) or the cluster at ``address``, shut down
+    after."""
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\..*")
-            warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
+        with warnings.catch_warnings():  # only Ray's own deprecations, only while it starts
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\..*)?")
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\..*)?")
             kw = {"logging_level": logging.WARNING, "log_to_driver": False}
             if address:
                 ray.init(address=address, **kw)
             else:
                 ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, **kw)
     try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_ray(todo: list[Trial], out: Path, *, workers: int | None = None,
+            address: str | None = None, cpus_per_trial: int = 1,
+            progress: bool = True) -> list[dict]:
+    """Run ``todo`` as Ray tasks (``ray_session``) and return their records in completion
+    order. With ``workers`` at most that many trials are in flight."""
+    out = out.resolve()
+    with ray_session(workers, address) as ray:
         task = ray.remote(num_cpus=cpus_per_trial, max_retries=0)(run_trial)
         limit = workers or len(todo)
         queue, pending, records = list(todo), {}, []
@@ -216,7 +230,7 @@ def run_ray(todo: list[Trial], out: Path, *, workers: int | None = None,
         while queue or pending:
             while queue and len(pending) < limit:
                 t = queue.pop(0)
-                pending[task.remote(t, str(out.resolve()), cpus_per_trial)] = t
+                pending[task.remote(t, str(out), cpus_per_trial)] = t
             done, _ = ray.wait(list(pending), num_returns=1)
             t = pending.pop(done[0])
             try:
@@ -228,9 +242,6 @@ def run_ray(todo: list[Trial], out: Path, *, workers: int | None = None,
             bar.update(1)
             bar.milestone(f"{t.id} {rec['status']}")
         bar.close()
-    finally:
-        if started:
-            ray.shutdown()
     return records
 
 
