@@ -177,6 +177,15 @@ def test_bad_spec_exits_2_before_any_work(tmp_path, capsys, grid, train, analysi
     assert not (tmp_path / "out").exists()
 
 
+def test_spec_or_preset_one_of_them(tmp_path, capsys):
+    assert main(["study", "--out", str(tmp_path / "out")]) == 2
+    assert main(["study", "s.toml", "--preset", "cells", "--out", str(tmp_path / "out")]) == 2
+    assert main(["study", "--preset", "colours", "--out", str(tmp_path / "out")]) == 2
+    assert main(["study", str(tmp_path / "none.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert "none.toml: no such spec file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_section_and_changed_settings_are_refused(study, tmp_path):
     with pytest.raises(GatelensError, match=r"unknown section \[model\]"):
         parse_spec({"grid": {"seed": [0]}, "model": {}})

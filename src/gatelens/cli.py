@@ -218,8 +218,8 @@ def _add_study(sub) -> None:
                    help="a built-in SPEC instead of a file")
     p.add_argument("--out", required=True, metavar="DIR", help="study directory; rerun to "
                    "reuse finished trials and resume interrupted ones")
-    p.add_argument("--address", help="join this Ray cluster (default: a local Ray for the "
-                   "study; DIR must then be on a filesystem every node sees)")
+    p.add_argument("--address", help="join this Ray cluster (DIR must be on a filesystem "
+                   "every node sees); default: a local Ray started for the study")
     p.add_argument("--workers", type=positive_int,
                    help="trials at once (local Ray: its CPUs; default all cores)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
