@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch pinned to the CPU build that lies on disk (an unpinned torch pulls CUDA, GBs)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,study]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,6 +35,7 @@ bench: install
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_trace.py
 	$(PY) benchmarks/bench_analyze.py
+	$(PY) benchmarks/bench_study.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

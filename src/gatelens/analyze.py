@@ -224,10 +224,11 @@ def _reach(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor, position
 def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path | None = None,
             windows: int = 32, length: int = 128, perturb_pos: int = 32,
             out: str | Path | None = None, progress: bool = True,
-            timings: dict | None = None) -> Analysis:
+            timings: dict | None = None, plots: bool = True) -> Analysis:
     """Analyse a run's model; write OUT/report.json, report.md, plots/*.png and report.html.
 
     ``out`` defaults to RUN/analysis. ``timings``, if given, is filled with seconds per stage.
+    ``plots=False`` writes no PNGs (report.json, report.md and report.html still).
     Bad input raises GatelensError with a one-line message.
     """
     from .report.json_report import read_history
@@ -266,7 +267,7 @@ def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path
                      "best_loss": synthetic["best_loss"],
                      "best_val_loss": cfg.get("best", {}).get("val_loss")}
     t0 = time.perf_counter()
-    write_analysis(a, run / "analysis" if out is None else Path(out))
+    write_analysis(a, run / "analysis" if out is None else Path(out), plots=plots)
     clock["write"] = time.perf_counter() - t0
     _say(progress, f"wrote {a.out / 'report.json'}, report.md, report.html and "
                    f"{len(a.plots)} plots")

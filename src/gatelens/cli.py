@@ -213,9 +213,43 @@ def _cmd_reproduce(args) -> int:
     return 0
 
 
+def _add_study(sub) -> None:
+    p = sub.add_parser("study", help="many runs, one finding: a grid of trials (train + analyze "
+                       "every checkpoint) as Ray tasks, merged into study.json/md/html")
+    p.add_argument("spec", nargs="?", help="SPEC.toml: [grid], [train], [analysis]")
+    p.add_argument("--preset", choices=["dynamics", "forget-bias", "cells", "long-memory"],
+                   help="a built-in SPEC instead of a file")
+    p.add_argument("--out", required=True, metavar="DIR", help="study directory; rerun to "
+                   "reuse finished trials and resume interrupted ones")
+    p.add_argument("--address", help="join this Ray cluster (DIR must be on a filesystem "
+                   "every node sees); default: a local Ray started for the study")
+    p.add_argument("--workers", type=positive_int,
+                   help="trials at once (local Ray: its CPUs; default all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
+
+
+def _cmd_study(args) -> int:
+    from .study import failed_lines, run_study
+    from .study_spec import load_preset, load_spec
+
+    if (args.spec is None) == (args.preset is None):
+        raise GatelensError("study: give SPEC.toml or --preset NAME, one of them")
+    spec = load_preset(args.preset) if args.preset else load_spec(args.spec)
+    res = run_study(spec, args.out, workers=args.workers, address=args.address,
+                    progress=not args.quiet)
+    print(res.out / "study.json")
+    print(res.out / "study.html")
+    for line in failed_lines(res.study["trials"]):
+        print(f"failed: {line}", file=sys.stderr)
+    if res.failed:  # every file is still written; the failures are in them too
+        raise CheckFailed(f"{res.failed} of {len(res.study['trials'])} trials failed")
+    return 0
+
+
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
             "verify": (_add_verify, _cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
-            "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce)}
+            "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce),
+            "study": (_add_study, _cmd_study)}
 
 
 def build_parser() -> argparse.ArgumentParser:

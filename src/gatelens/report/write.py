@@ -19,14 +19,15 @@ if TYPE_CHECKING:
     from ..analyze import Analysis
 
 
-def write_analysis(analysis: Analysis, out: str | Path) -> Analysis:
+def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> Analysis:
     """Write every file of ``analysis`` under ``out`` (created); sets ``analysis.out`` and
-    ``analysis.plots``. Each file is written atomically."""
+    ``analysis.plots``. Each file is written atomically. ``plots=False`` leaves out the PNGs
+    (the slow part; a study plots only each trial's final checkpoint)."""
     out = Path(out)
     analysis.out = out
     report = analysis.report
     analysis.plots = write_plots(report, out / "plots", analysis.perturbation.curves,
-                                 analysis.best_step)
+                                 analysis.best_step) if plots else []
     write_report_json(out / "report.json", report)
     atomic_write_text(out / "report.md", render_markdown(
         report, [p.relative_to(out).as_posix() for p in analysis.plots]))

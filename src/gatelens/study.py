@@ -1,0 +1,303 @@
+"""``gatelens study``: many training runs, each analysed at every checkpoint, as Ray tasks.
+
+    DIR/trials/<id>/run/                    a run directory (every checkpoint kept)
+    DIR/trials/<id>/analysis/step-NNNNNN/   ``gatelens analyze`` of each checkpoint (plots:
+                                            the final one's only)
+    DIR/trials/<id>/trial.json              status, error, checkpoints [{step, val_loss, report}]
+    DIR/study.json  DIR/study.md  DIR/study.html   the merge (``gatelens.study_report``)
+
+A trial is a Ray task (one CPU, ``torch.set_num_threads`` to match). A finished trial whose
+trial.json records the same settings is reused without training; an interrupted one is
+resumed (``train(..., resume=True)``, analyses already written are kept); a failing one is
+recorded with its error while the others go on. Ray is imported only when trials run.
+
+>>> record = new_record(parse_spec({"grid": {"seed": [3]}}).trials[0])
+>>> record["id"], record["status"], record["run"]
+('seed-3', 'pending', 'trials/seed-3/run')
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import GatelensError
+from .io import atomic_write_json
+from .progress import Progress, _clock
+from .runs import CONFIG, checkpoint_steps, history_rows, read_config
+from .study_spec import StudySpec, Trial, load_preset, load_spec, parse_spec
+
+__all__ = ["StudyResult", "load_preset", "load_spec", "parse_spec", "run_study", "run_trial"]
+
+TRIALS = "trials"
+INSTALL_HINT = "gatelens study needs Ray: install the extra with pip install 'gatelens[study]'"
+
+
+def new_record(trial: Trial) -> dict:
+    """trial.json before the trial has run; paths are relative to the study directory."""
+    return {"version": 1, "id": trial.id, "condition": trial.condition, "seed": trial.seed,
+            "spec": trial.settings(), "run": f"{TRIALS}/{trial.id}/run", "status": "pending",
+            "error": None, "how": None, "seconds": None, "timings": {},
+            "checkpoints": []}
+
+
+def _error_line(e: BaseException) -> str:
+    """An exception as one line: a GatelensError's own message, else its type and message."""
+    text = str(e) if isinstance(e, GatelensError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split()) or type(e).__name__
+
+
+def run_trial(trial: Trial, out: str | Path, threads: int | None = None) -> dict:
+    """Train and analyse one trial under ``out``/trials/<id>; write and return trial.json.
+
+    A trial's own failure is recorded (status "failed", the error as one line), never
+    raised, so the other trials go on. ``threads`` sets torch's intra-op threads (a Ray
+    task's CPUs).
+    """
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    tdir = Path(out) / TRIALS / trial.id
+    record, t0 = new_record(trial), time.perf_counter()
+    try:
+        record["how"] = _train(trial, tdir / "run")
+        record["timings"]["train"] = round(time.perf_counter() - t0, 3)
+        record["checkpoints"] = _analyze_all(trial, tdir)
+        record["timings"]["analyze"] = round(time.perf_counter() - t0
+                                             - record["timings"]["train"], 3)
+        record["status"] = "done"
+    except Exception as e:  # a trial's failure is its record, not the study's
+        record["status"], record["error"] = "failed", _error_line(e)
+    record["seconds"] = round(time.perf_counter() - t0, 3)
+    atomic_write_json(tdir / "trial.json", record)
+    return record
+
+
+def _train(trial: Trial, run: Path) -> str:
+    from .train import RESUME, train
+
+    cfg = trial.config()
+    if (run / CONFIG).exists() and (run / RESUME).exists():
+        saved = read_config(run)
+        if saved.get("status") == "done" and saved.get("steps_done") == cfg.steps:
+            return "analysed"  # trained before; only analyses were missing
+        train(None, run, resume=True, progress=False)
+        return "resumed"
+    if run.exists():  # a start that died before its first checkpoint: nothing to keep
+        shutil.rmtree(run)
+    train(cfg, run, progress=False)
+    return "trained"
+
+
+def _analyze_all(trial: Trial, tdir: Path) -> list[dict]:
+    """``analyze`` every checkpoint (step 0 … final) on the condition's windows; PNG plots
+    for the final one only (the study plots every figure over training)."""
+    from .analyze import analyze
+
+    run = tdir / "run"
+    val = {int(r["step"]): float(r["val_loss"]) for r in history_rows(run) if r["val_loss"]}
+    out, steps = [], checkpoint_steps(run)
+    for step in steps:
+        dest = tdir / "analysis" / f"step-{step:06d}"
+        if not (dest / "report.html").exists():  # report.html is written last
+            analyze(run, checkpoint=step, out=dest, progress=False, plots=step == steps[-1],
+                    **trial.analysis)
+        out.append({"step": step, "val_loss": val.get(step),
+                    "report": (dest / "report.json").relative_to(tdir.parent.parent).as_posix()})
+    return out
+
+
+def plan(spec: StudySpec, out: Path) -> tuple[list[dict], list[Trial]]:
+    """Finished trials to reuse (their trial.json) and trials to run. A trial directory
+    holding other settings is an error: the study would mix two experiments."""
+    reused, todo = [], []
+    for trial in spec.trials:
+        path = out / TRIALS / trial.id / "trial.json"
+        rec = _read_record(path)
+        if rec is not None and rec.get("spec") != trial.settings():
+            raise GatelensError(f"{path}: this trial was run with other settings than "
+                                f"{spec.where} gives; choose another --out")
+        if rec is not None and rec.get("status") == "done":
+            reused.append({**rec, "how": "reused"})
+        else:
+            todo.append(trial)
+    return reused, todo
+
+
+def _read_record(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GatelensError(f"{path}: not a trial record ({e})") from None
+    return rec if isinstance(rec, dict) else None
+
+
+def step_seconds(trial: Trial, threads: int = 1, steps: int = 3) -> float:
+    """Seconds per training step of ``trial``'s model, timed in-process (one warm-up step,
+    then ``steps``) with ``threads`` torch threads."""
+    import torch
+
+    from .train import Data, build, loss_on
+
+    cfg = trial.config()
+    data = Data.load(cfg)
+    model = build(cfg, data.vocab.size)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for k in range(steps + 1):
+            if k == 1:
+                t0 = time.perf_counter()
+            loss = loss_on(model, data.batch(cfg.batch, cfg.seq, gen))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return (time.perf_counter() - t0) / steps
+    finally:
+        torch.set_num_threads(old)
+
+
+def _estimate(todo: list[Trial], workers: int, threads: int) -> str:
+    """One line: the trials to run and their training time from 3 timed steps."""
+    try:
+        per_step = step_seconds(todo[0], threads)
+    except GatelensError as e:
+        return f"no time estimate ({todo[0].id}: {e})"
+    total = sum(t.train["steps"] for t in todo) * per_step / max(1, min(workers, len(todo)))
+    return (f"about {_clock(total)} of training on {workers} workers "
+            f"({per_step * 1e3:.1f} ms per step of {todo[0].id}; analyses add to it)")
+
+
+def _import_ray():
+    try:
+        with warnings.catch_warnings():  # only Ray's own import-time deprecations
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\..*)?")
+            import ray
+    except ImportError:
+        raise GatelensError(INSTALL_HINT) from None
+    return ray
+
+
+@contextmanager
+def ray_session(workers: int | None = None, address: str | None = None) -> Iterator[Any]:
+    """Ray, initialised: an already running one as it is (left running), else a local Ray
+    with ``workers`` CPUs (default: all cores) or the cluster at ``address``, shut down
+    after."""
+    ray = _import_ray()
+    started = not ray.is_initialized()
+    if started:
+        with warnings.catch_warnings():  # only Ray's own deprecations, only while it starts
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\..*)?")
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\..*)?")
+            kw = {"logging_level": logging.WARNING, "log_to_driver": False}
+            if address:
+                ray.init(address=address, **kw)
+            else:
+                ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, **kw)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_ray(todo: list[Trial], out: Path, *, workers: int | None = None,
+            address: str | None = None, cpus_per_trial: int = 1,
+            progress: bool = True) -> list[dict]:
+    """Run ``todo`` as Ray tasks (``ray_session``) and return their records in completion
+    order. With ``workers`` at most that many trials are in flight."""
+    out = out.resolve()
+    with ray_session(workers, address) as ray:
+        task = ray.remote(num_cpus=cpus_per_trial, max_retries=0)(run_trial)
+        limit = workers or len(todo)
+        queue, pending, records = list(todo), {}, []
+        bar = Progress(len(todo), "study", unit="trial", enabled=progress)
+        while queue or pending:
+            while queue and len(pending) < limit:
+                t = queue.pop(0)
+                pending[task.remote(t, str(out), cpus_per_trial)] = t
+            done, _ = ray.wait(list(pending), num_returns=1)
+            t = pending.pop(done[0])
+            try:
+                rec = ray.get(done[0])
+            except ray.exceptions.RayError as e:  # the task itself died (worker lost, OOM)
+                rec = {**new_record(t), "status": "failed", "error": _error_line(e)}
+                atomic_write_json(out / TRIALS / t.id / "trial.json", rec)
+            records.append(rec)
+            bar.update(1)
+            bar.milestone(f"{t.id} {rec['status']}")
+        bar.close()
+    return records
+
+
+@dataclass
+class StudyResult:
+    """What ``run_study`` did: study.json's content and the counts of trials."""
+
+    out: Path
+    study: dict  # study.json
+    ran: int
+    reused: int
+    failed: int
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"gatelens study: {msg}", file=sys.stderr)
+
+
+def run_study(spec: StudySpec | str | Path, out: str | Path, *, workers: int | None = None,
+              address: str | None = None, progress: bool = True) -> StudyResult:
+    """Run every trial of ``spec`` (a StudySpec or a SPEC.toml path) that is not finished,
+    then merge all into ``out``/study.json, study.md and study.html.
+
+    Everything is checked before any work; bad input raises a one-line GatelensError.
+    """
+    from .study_report import write_study
+
+    if not isinstance(spec, StudySpec):
+        spec = load_spec(spec)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise GatelensError(f"{out}: exists and is not a directory")
+    reused, todo = plan(spec, out)
+    records: list[dict] = list(reused)
+    if todo:
+        _import_ray()  # before any work: a missing Ray is a one-line error
+        workers_n = workers or (os.cpu_count() or 1)
+        _say(progress, f"{len(spec.trials)} trials ({len(reused)} finished, reused; "
+                       f"{len(todo)} to run); " + _estimate(todo, workers_n, 1))
+        (out / TRIALS).mkdir(parents=True, exist_ok=True)
+        records += run_ray(todo, out, workers=workers, address=address, progress=progress)
+    else:
+        _say(progress, f"{len(spec.trials)} trials, all finished before; merging")
+    order = {t.id: k for k, t in enumerate(spec.trials)}
+    records.sort(key=lambda r: order[r["id"]])
+    study = write_study(spec, records, out)
+    failed = sum(r["status"] != "done" for r in records)
+    _say(progress, f"wrote {out / 'study.json'}, study.md, study.html ({failed} failed)")
+    return StudyResult(out, study, len(todo), len(reused), failed)
+
+
+def failed_lines(records: Iterable[dict]) -> list[str]:
+    """One line per failed trial: its id and error.
+
+    >>> failed_lines([{"id": "a", "status": "failed", "error": "x.txt: no such file"}])
+    ['a: x.txt: no such file']
+    """
+    return [f"{r['id']}: {r['error']}" for r in records if r["status"] != "done"]

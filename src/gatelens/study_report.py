@@ -1,0 +1,299 @@
+"""A study's merge: the figures of every trial, their statistics per condition (and per
+checkpoint step, for the plots over training), and study.json, study.md, study.html.
+
+Figures per trial are read from the report.json of its checkpoints (docs/methods.md
+"Studies"). The per-condition figures are those at the FINAL checkpoint of each trial,
+except ``best_val_loss`` (the lowest validation loss over its checkpoints). Over seeds:
+mean, sample sd (n − 1; null for one value), min and max of the finite values; an
+infinite half-life (null in report.json) is left out of them and counted in n_infinite.
+
+>>> summarize([1.0, 3.0, math.inf])
+{'mean': 2.0, 'sd': 1.4142135623730951, 'min': 1.0, 'max': 3.0, 'n_infinite': 1}
+>>> summarize([2.0])["sd"] is None
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import statistics
+from html import escape
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from .io import atomic_write, atomic_write_json, atomic_write_text
+from .report.tables import Table, fmt
+from .study_spec import StudySpec, condition_label
+
+#: figure name -> its label; the order of tables and plots.
+FIGURES = {
+    "best_val_loss": "best validation loss (nats/char)",
+    "val_loss": "validation loss (nats/char)",
+    "forget_gate_mean": "mean forget gate (GRU: z)",
+    "unit_half_life_median": "median unit half-life (chars)",
+    "perturbation_half_life": "perturbation half-life (chars)",
+    "units_half_life_ge_10": "units with half-life ≥ 10",
+    "output_reach_half_life": "output-reach half-life (chars)",
+}
+#: the figures plotted over training steps
+OVER_TRAINING = ("val_loss", "forget_gate_mean", "unit_half_life_median",
+                 "perturbation_half_life", "units_half_life_ge_10")
+
+
+def _life(x: float | None) -> float:
+    return math.inf if x is None else float(x)  # report.json: null half-life = never halves
+
+
+def report_figures(report: dict) -> dict[str, float]:
+    """A checkpoint's figures from its report.json; a figure that does not apply (a plain
+    RNN has no forget gate) is absent, an infinite half-life is ``math.inf``.
+
+    >>> report_figures({"units": {"gate": "f", "half_life": {"median": None},
+    ...                           "half_life_ge_10": 3}, "gates": {"f": {"mean": 0.6}},
+    ...                 "perturbation": {"lags": [1], "half_life_measured": 2.5}})
+    {'forget_gate_mean': 0.6, 'unit_half_life_median': inf, 'units_half_life_ge_10': 3, \
+'perturbation_half_life': 2.5}
+    """
+    out: dict[str, float] = {}
+    units = report.get("units") or {}
+    gate = units.get("gate")
+    if gate:
+        out["forget_gate_mean"] = report["gates"][gate]["mean"]
+        out["unit_half_life_median"] = _life((units.get("half_life") or {}).get("median"))
+        out["units_half_life_ge_10"] = units["half_life_ge_10"]
+    p = report.get("perturbation") or {}
+    if p.get("lags"):
+        out["perturbation_half_life"] = _life(p.get("half_life_measured"))
+    r = report.get("output_reach")
+    if isinstance(r, dict) and (r.get("half_life") is not None or (r.get("kl") or [0])[0] > 0):
+        out["output_reach_half_life"] = _life(r.get("half_life"))  # null with KL(1) > 0: grows
+    return out
+
+
+def summarize(values: list[float]) -> dict:
+    """mean, sample sd, min, max over the finite values; infinities counted apart."""
+    finite = [float(v) for v in values if math.isfinite(v)]
+    return {"mean": statistics.fmean(finite) if finite else None,
+            "sd": statistics.stdev(finite) if len(finite) > 1 else None,
+            "min": min(finite) if finite else None, "max": max(finite) if finite else None,
+            "n_infinite": len(values) - len(finite)}
+
+
+def _json_figs(figs: dict[str, float]) -> dict:
+    return {k: (v if math.isfinite(v) else None) for k, v in figs.items()}
+
+
+def trial_figures(record: dict, out: Path) -> dict:
+    """A done trial's study.json entry: each checkpoint with its figures, and the trial's
+    figures (the final checkpoint's, with best_val_loss)."""
+    cks = []
+    for ck in record["checkpoints"]:
+        report = json.loads((out / ck["report"]).read_text(encoding="utf-8"))
+        figs = report_figures(report)
+        if ck.get("val_loss") is not None:
+            figs = {"val_loss": ck["val_loss"], **figs}
+        cks.append({**ck, "figures": figs})
+    final = dict(cks[-1]["figures"]) if cks else {}
+    losses = [c["val_loss"] for c in cks if c.get("val_loss") is not None]
+    if losses:
+        final = {"best_val_loss": min(losses), **final}
+    return {"checkpoints": cks, "figures": final}
+
+
+def _stats(figs: list[dict[str, float]]) -> dict:
+    names = [n for n in FIGURES if any(n in f for f in figs)]
+    return {n: summarize([f[n] for f in figs if n in f]) for n in names}
+
+
+def merge(spec: StudySpec, records: list[dict], out: Path) -> dict:
+    """study.json's content from the trials' records (in spec order)."""
+    trials, per_trial = [], {}
+    for rec in records:
+        entry = {k: rec.get(k) for k in ("id", "condition", "seed", "run", "status", "error",
+                                         "how", "seconds")}
+        if rec["status"] == "done":
+            got = trial_figures(rec, out)
+            per_trial[rec["id"]] = got
+            entry["checkpoints"] = [{**c, "figures": _json_figs(c["figures"])}
+                                    for c in got["checkpoints"]]
+            entry["figures"] = _json_figs(got["figures"])
+        else:
+            entry["checkpoints"], entry["figures"] = [], {}
+        trials.append(entry)
+    conditions = []
+    for cond in spec.conditions():
+        mine = [r for r in records if r["condition"] == cond]
+        done = [per_trial[r["id"]] for r in mine if r["id"] in per_trial]
+        steps = sorted({c["step"] for t in done for c in t["checkpoints"]})
+        over = []
+        for s in steps:
+            at = [c["figures"] for t in done for c in t["checkpoints"] if c["step"] == s]
+            over.append({"step": s, "n": len(at), "figures": _stats(at)})
+        conditions.append({"condition": cond, "label": condition_label(cond), "n": len(done),
+                           "n_failed": len(mine) - len(done),
+                           "figures": _stats([t["figures"] for t in done]),
+                           "over_training": over})
+    return {"version": 1, "engine": "ray", "figures_at": "final checkpoint (val loss: best)",
+            "spec": spec.doc, "trials": trials, "conditions": conditions}
+
+
+def _mean_sd(s: dict, n: int) -> str:
+    """'mean ± sd (n finite)'; ∞ when every value is infinite."""
+    if s["mean"] is None:
+        return "∞" if s["n_infinite"] else "—"
+    sd = "" if s["sd"] is None else f" ± {fmt(s['sd'])}"
+    return f"{fmt(s['mean'])}{sd} ({n - s['n_infinite']})"
+
+
+def condition_table(cond: dict) -> Table:
+    """One condition's figures: mean ± sd (n of finite values), min, max, infinite."""
+    rows = [[FIGURES[name], _mean_sd(s, cond["n"]), s["min"], s["max"], s["n_infinite"]]
+            for name, s in cond["figures"].items()]
+    return Table(["figure", "mean ± sd (n)", "min", "max", "infinite"], rows,
+                 f"{cond['label']}: {cond['n']} trials" + (
+                     f", {cond['n_failed']} failed" if cond["n_failed"] else ""))
+
+
+def trials_table(study: dict) -> Table:
+    """Every trial: status and its final figures."""
+    names = [n for n in FIGURES if n != "val_loss"
+             and any(n in t["figures"] for t in study["trials"])]
+    rows = [[t["id"], t["status"]] + [(math.inf if t["figures"].get(n, 0) is None
+                                       else t["figures"].get(n)) for n in names]
+            for t in study["trials"]]
+    return Table(["trial", "status", *(FIGURES[n] for n in names)], rows, "Trials")
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def plot_over_training(study: dict, name: str) -> Figure | None:
+    """One figure over training steps: per condition the mean over seeds and a min–max band."""
+    fig = Figure(figsize=(7, 3.6))
+    ax = fig.subplots()
+    drawn = False
+    for k, cond in enumerate(study["conditions"]):
+        pts = [(o["step"], o["figures"][name]) for o in cond["over_training"]
+               if name in o["figures"] and o["figures"][name]["mean"] is not None]
+        if not pts:
+            continue
+        x = [p[0] for p in pts]
+        color = f"C{k % 10}"
+        ax.plot(x, [p[1]["mean"] for p in pts], "o-", ms=3, color=color, label=cond["label"])
+        ax.fill_between(x, [p[1]["min"] for p in pts], [p[1]["max"] for p in pts],
+                        color=color, alpha=0.15, lw=0)
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("training step")
+    ax.set_ylabel(FIGURES[name])
+    ax.set_title(f"{FIGURES[name]}: mean over seeds, band min–max (finite values)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_scatter(study: dict) -> Figure | None:
+    """Perturbation half-life against best validation loss, a point per trial, colour per
+    condition, the condition's mean ± sd as a cross."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    drawn = False
+    for k, cond in enumerate(study["conditions"]):
+        color = f"C{k % 10}"
+        pts = [(t["figures"]["best_val_loss"], t["figures"]["perturbation_half_life"])
+               for t in study["trials"] if t["condition"] == cond["condition"]
+               and t["figures"].get("best_val_loss") is not None
+               and t["figures"].get("perturbation_half_life") is not None]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, alpha=0.6,
+                label=cond["label"])
+        fx, fy = cond["figures"]["best_val_loss"], cond["figures"]["perturbation_half_life"]
+        if fx["mean"] is not None and fy["mean"] is not None:
+            ax.errorbar(fx["mean"], fy["mean"], xerr=fx["sd"] or 0, yerr=fy["sd"] or 0,
+                        color=color, marker="s", ms=6, capsize=3)
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel(FIGURES["best_val_loss"])
+    ax.set_ylabel(FIGURES["perturbation_half_life"] + " (final)")
+    ax.set_title("a point per trial; squares: condition mean ± sd (infinite left out)",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def study_plots(study: dict) -> dict[str, bytes]:
+    """PNG bytes by file name for every plot that has data."""
+    figs = {f"over_training_{n}.png": plot_over_training(study, n) for n in OVER_TRAINING}
+    figs["scatter_half_life_vs_loss.png"] = plot_scatter(study)
+    return {name: _png(f) for name, f in figs.items() if f is not None}
+
+
+def render_markdown(study: dict, plots: list[str]) -> str:
+    """study.md: what ran, the failures, a table per condition, every trial, the plots."""
+    n = len(study["trials"])
+    bad = [t for t in study["trials"] if t["status"] != "done"]
+    lines = ["# Study", "", f"{n} trials, {n - len(bad)} done, {len(bad)} failed; "
+             f"{len(study['conditions'])} conditions. Figures at each trial's final checkpoint "
+             "(validation loss: its best); mean ± sample sd (n finite values) over seeds; an "
+             "infinite half-life is left out and counted under 'infinite'.", ""]
+    if bad:
+        lines += ["## Failed trials", ""] + [f"- `{t['id']}`: {t['error']}" for t in bad] + [""]
+    lines += ["## Conditions", ""]
+    for cond in study["conditions"]:
+        t = condition_table(cond)
+        lines += [f"### {cond['label']}", "", *t.markdown(), ""]
+    lines += ["## Trials", "", *trials_table(study).markdown(), ""]
+    lines += ["## Plots", ""] + [f"![{p}](plots/{p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"
+       "color:#222}table{border-collapse:collapse;margin:1em 0;font-size:14px}"
+       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+       "th:first-child{text-align:left}caption{font-weight:600;text-align:left}"
+       "img{max-width:100%}code{background:#f4f4f4}")
+
+
+def render_html(study: dict, plots: dict[str, bytes]) -> str:
+    """study.html: one self-contained page (inline CSS, PNGs as base64; no requests)."""
+    n = len(study["trials"])
+    bad = [t for t in study["trials"] if t["status"] != "done"]
+    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+             "<title>gatelens study</title>", f"<style>{CSS}</style></head><body>",
+             "<h1>Study</h1>", f"<p>{n} trials, {n - len(bad)} done, {len(bad)} failed. "
+             "Figures at each trial's final checkpoint (validation loss: its best); mean ± "
+             "sample sd (n finite values) over seeds; infinite half-lives counted apart.</p>"]
+    if bad:
+        parts.append("<h2>Failed trials</h2><ul>" + "".join(
+            f"<li><code>{escape(t['id'])}</code>: {escape(str(t['error']))}</li>" for t in bad)
+            + "</ul>")
+    parts.append("<h2>Conditions</h2>")
+    parts += [condition_table(c).html() for c in study["conditions"]]
+    parts.append("<h2>Over training and across conditions</h2>")
+    parts += [f"<figure><img alt='{escape(name)}' src='data:image/png;base64,"
+              f"{base64.b64encode(png).decode('ascii')}'></figure>" for name, png in plots.items()]
+    parts += ["<h2>Trials</h2>", trials_table(study).html(), "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_study(spec: StudySpec, records: list[dict], out: str | Path) -> dict:
+    """Merge and write OUT/study.json, OUT/study.md, OUT/plots/*.png and OUT/study.html."""
+    out = Path(out)
+    study = merge(spec, records, out)
+    atomic_write_json(out / "study.json", study)
+    plots = study_plots(study)
+    for name, png in plots.items():
+        atomic_write(out / "plots" / name, lambda tmp, png=png: tmp.write_bytes(png))
+    atomic_write_text(out / "study.md", render_markdown(study, list(plots)))
+    atomic_write_text(out / "study.html", render_html(study, plots))
+    return study

@@ -1,0 +1,250 @@
+"""gatelens study: a tiny grid through one local Ray (started once for the module), the
+merge, reuse, resume, failures, bad specs and presets."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gatelens.cli import main
+from gatelens.errors import GatelensError
+from gatelens.study import ray_session, run_study, run_trial
+from gatelens.study_report import merge, report_figures
+from gatelens.study_spec import PRESETS, load_preset, load_spec, parse_spec
+
+WORDS = "the quick brown fox jumps over a lazy dog and then runs home to sleep".split()
+TRAIN = {"hidden": 8, "steps": 4, "eval_every": 2, "batch": 4, "seq": 24, "val_windows": 4}
+ANALYSIS = {"windows": 2, "length": 24, "perturb_pos": 8}
+
+
+def make_text(n_lines: int, seed: int = 1) -> str:
+    rng = random.Random(seed)
+    return "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(n_lines))
+
+
+def write_spec(path: Path, grid: dict, train: dict, analysis: dict = ANALYSIS) -> Path:
+    def value(v):
+        return json.dumps(v)  # TOML and JSON agree on strings, numbers and lists
+
+    lines = ["[grid]", *(f"{k} = {value(v)}" for k, v in grid.items()),
+             "[train]", *(f"{k} = {value(v)}" for k, v in train.items()),
+             "[analysis]", *(f"{k} = {value(v)}" for k, v in analysis.items())]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray with 2 CPUs for the module (its start takes seconds)."""
+    with ray_session(workers=2):
+        yield
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text(make_text(n_lines=200), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def study(ray_local, corpus, tmp_path_factory):
+    """The 2 x 2 study (cell x seed), run once."""
+    d = tmp_path_factory.mktemp("study")
+    spec = write_spec(d / "spec.toml", {"cell": ["lstm", "gru"], "seed": [0, 1]},
+                      {"corpus": str(corpus), **TRAIN})
+    res = run_study(spec, d / "out", workers=2, progress=False)
+    return spec, res
+
+
+def _final_report(out: Path, trial: dict) -> dict:
+    return json.loads((out / trial["checkpoints"][-1]["report"]).read_text(encoding="utf-8"))
+
+
+def _nulls(figs: dict) -> dict:
+    return {k: (v if math.isfinite(v) else None) for k, v in figs.items()}
+
+
+def test_two_by_two_study_runs_and_its_figures_are_the_trials_reports(study):
+    _, res = study
+    s = json.loads((res.out / "study.json").read_text(encoding="utf-8"))
+    assert (res.ran, res.reused, res.failed) == (4, 0, 0)
+    assert s["version"] == 1 and s["engine"] == "ray"
+    assert [t["id"] for t in s["trials"]] == ["cell-lstm_seed-0", "cell-lstm_seed-1",
+                                              "cell-gru_seed-0", "cell-gru_seed-1"]
+    for t in s["trials"]:
+        assert t["status"] == "done" and t["error"] is None
+        assert [c["step"] for c in t["checkpoints"]] == [0, 2, 4]
+        for c in t["checkpoints"]:
+            rep = json.loads((res.out / c["report"]).read_text(encoding="utf-8"))
+            assert {k: v for k, v in c["figures"].items() if k != "val_loss"} == \
+                _nulls(report_figures(rep))
+        figs = t["figures"]
+        assert {k: v for k, v in figs.items() if k not in ("val_loss", "best_val_loss")} == \
+            _nulls(report_figures(_final_report(res.out, t)))
+        assert figs["best_val_loss"] == min(c["val_loss"] for c in t["checkpoints"])
+        assert (res.out / t["run"] / "checkpoints" / "step-000002.safetensors").exists()
+    lstm = s["conditions"][0]
+    assert lstm["condition"] == {"cell": "lstm"} and lstm["n"] == 2
+    vals = [t["figures"]["forget_gate_mean"] for t in s["trials"][:2]]
+    got = lstm["figures"]["forget_gate_mean"]
+    assert got["mean"] == pytest.approx(statistics.fmean(vals))
+    assert got["sd"] == pytest.approx(statistics.stdev(vals))
+    assert [o["step"] for o in lstm["over_training"]] == [0, 2, 4]
+    html = (res.out / "study.html").read_text(encoding="utf-8")
+    assert html.count("data:image/png;base64,") == 6 and "http" not in html
+    assert "cell=gru" in (res.out / "study.md").read_text(encoding="utf-8")
+
+
+def test_second_call_trains_nothing(study):
+    spec, res = study
+    out = res.out
+    files = sorted(out.glob("trials/*/trial.json")) + sorted(out.glob("trials/*/run/*.json"))
+    before = {p: p.stat().st_mtime_ns for p in files}
+    again = run_study(spec, out, workers=2, progress=False)
+    assert (again.ran, again.reused) == (0, 4)
+    assert {p: p.stat().st_mtime_ns for p in files} == before
+    assert {t["how"] for t in again.study["trials"]} == {"reused"}
+    assert again.study["conditions"] == res.study["conditions"]
+
+
+def test_trial_equals_train_and_analyze_outside_ray(study, corpus, tmp_path, one_thread):
+    _, res = study
+    run, ana = tmp_path / "run", tmp_path / "analysis"
+    flags = [x for k, v in TRAIN.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    assert main(["train", "--corpus", str(corpus), "--cell", "gru", "--seed", "1", *flags,
+                 "--out", str(run), "--quiet"]) == 0
+    assert main(["analyze", str(run), "--checkpoint", "4", "--windows", "2", "--length", "24",
+                 "--perturb-pos", "8", "--out", str(ana), "--quiet"]) == 0
+    mine = json.loads((ana / "report.json").read_text(encoding="utf-8"))
+    trial = res.study["trials"][3]
+    assert trial["id"] == "cell-gru_seed-1"
+    theirs = _final_report(res.out, trial)
+    assert report_figures(mine) == report_figures(theirs)
+    assert mine["gates"] == theirs["gates"] and mine["perturbation"] == theirs["perturbation"]
+
+
+def test_interrupted_trial_resumes_to_the_same_weights(study, tmp_path, one_thread):
+    from gatelens.train import train
+
+    spec_path, res = study
+    trial = load_spec(spec_path).trials[0]
+    train(trial.config(), tmp_path / "trials" / trial.id / "run", progress=False, stop_at=3)
+    rec = run_trial(trial, tmp_path)
+    assert rec["status"] == "done" and rec["how"] == "resumed"
+    assert [c["step"] for c in rec["checkpoints"]] == [0, 2, 4]
+    ours = (tmp_path / rec["run"] / "model.safetensors").read_bytes()
+    assert ours == (res.out / rec["run"] / "model.safetensors").read_bytes()
+
+
+def test_failing_trial_is_recorded_while_the_others_finish(ray_local, corpus, tmp_path,
+                                                           capsys):
+    spec = write_spec(tmp_path / "spec.toml",
+                      {"corpus": [str(corpus), str(tmp_path / "missing.txt")], "seed": [0]},
+                      {**TRAIN, "steps": 2})
+    assert main(["study", str(spec), "--out", str(tmp_path / "out"), "--quiet"]) == 1
+    s = json.loads((tmp_path / "out" / "study.json").read_text(encoding="utf-8"))
+    ok, bad = s["trials"]
+    assert ok["status"] == "done" and [c["step"] for c in ok["checkpoints"]] == [0, 2]
+    assert bad["status"] == "failed" and "missing.txt: no such file" in bad["error"]
+    assert [c["n"] for c in s["conditions"]] == [1, 0]
+    assert "missing.txt: no such file" in (tmp_path / "out" / "study.md").read_text("utf-8")
+    assert "1 of 2 trials failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("grid, train, analysis, says", [
+    ({"cell": ["lstm"]}, {"hidden": 8}, {"windows": 2, "colour": 1}, "[analysis] colour"),
+    ({"cell": ["lstm"], "hiden": 8}, {}, {}, "[grid] hiden: unknown key"),
+    ({"cell": []}, {}, {}, "[grid] cell: an empty list"),
+    ({"cell": ["lstm"]}, {"hidden": 0}, {}, "--hidden must be a positive integer"),
+    ({"cell": ["lstm", "rnn"], "init": ["forget_bias:2"]}, {}, {}, "--forget-bias needs"),
+    ({"init": ["forget:2"]}, {}, {}, "init: expected none"),
+    ({"seed": [0]}, {"lr": "fast"}, {}, "[train] lr: expected a number"),
+    ({"seed": [0]}, {}, {"length": 24, "perturb_pos": 30}, "perturb_pos"),
+])
+def test_bad_spec_exits_2_before_any_work(tmp_path, capsys, grid, train, analysis, says):
+    spec = write_spec(tmp_path / "spec.toml", grid, train, analysis)
+    assert main(["study", str(spec), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_spec_or_preset_one_of_them(tmp_path, capsys):
+    assert main(["study", "--out", str(tmp_path / "out")]) == 2
+    assert main(["study", "s.toml", "--preset", "cells", "--out", str(tmp_path / "out")]) == 2
+    assert main(["study", "--preset", "colours", "--out", str(tmp_path / "out")]) == 2
+    assert main(["study", str(tmp_path / "none.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert "none.toml: no such spec file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_section_and_changed_settings_are_refused(study, tmp_path):
+    with pytest.raises(GatelensError, match=r"unknown section \[model\]"):
+        parse_spec({"grid": {"seed": [0]}, "model": {}})
+    spec_path, res = study
+    changed = spec_path.read_text(encoding="utf-8").replace("steps = 4", "steps = 6")
+    (tmp_path / "spec.toml").write_text(changed, encoding="utf-8")
+    with pytest.raises(GatelensError, match="other settings"):
+        run_study(tmp_path / "spec.toml", res.out, progress=False)
+
+
+def test_without_ray_the_study_asks_for_the_extra(tmp_path, monkeypatch, corpus):
+    spec = write_spec(tmp_path / "spec.toml", {"seed": [0]}, {"corpus": str(corpus), **TRAIN})
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(GatelensError, match=r"gatelens\[study\]"):
+        run_study(spec, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    code = ("import sys; sys.modules['ray'] = None; import torch, gatelens, gatelens.study, "
+            "gatelens.study_report; gatelens.trace(torch.nn.GRU(2, 3), torch.randn(4, 1, 2))")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _report(f: float, unit_median: float | None, pert: float | None) -> dict:
+    return {"units": {"gate": "f", "half_life": {"median": unit_median}, "half_life_ge_10": 1},
+            "gates": {"f": {"mean": f}},
+            "perturbation": {"lags": [1, 2], "half_life_measured": pert},
+            "output_reach": None}
+
+
+def test_merge_statistics_on_hand_made_reports(tmp_path):
+    spec = parse_spec({"grid": {"seed": [0, 1, 2]}})
+    figures = [(0.5, 1.0, 2.0), (0.6, 2.0, 4.0), (0.7, None, None)]  # None: never halves
+    records = []
+    for t, (f, unit, pert) in zip(spec.trials, figures, strict=True):
+        path = tmp_path / t.id / "report.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(_report(f, unit, pert)), encoding="utf-8")
+        records.append({"id": t.id, "condition": t.condition, "seed": t.seed, "status": "done",
+                        "checkpoints": [{"step": 4, "val_loss": 1.0 + f,
+                                         "report": f"{t.id}/report.json"}]})
+    s = merge(spec, records, tmp_path)
+    c = s["conditions"][0]["figures"]
+    assert c["perturbation_half_life"] == {"mean": 3.0, "sd": pytest.approx(math.sqrt(2)),
+                                           "min": 2.0, "max": 4.0, "n_infinite": 1}
+    assert c["unit_half_life_median"]["mean"] == 1.5 and c["unit_half_life_median"]["sd"] == \
+        pytest.approx(math.sqrt(0.5))
+    assert c["forget_gate_mean"]["mean"] == pytest.approx(0.6)
+    assert c["forget_gate_mean"]["sd"] == pytest.approx(0.1)
+    assert c["best_val_loss"]["min"] == 1.5 and c["units_half_life_ge_10"]["sd"] == 0.0
+    assert "output_reach_half_life" not in c  # no logits: the figure does not apply
+    assert s["trials"][2]["figures"]["perturbation_half_life"] is None  # infinite
+    one = merge(parse_spec({"grid": {"seed": [0]}}), records[:1], tmp_path)
+    assert one["conditions"][0]["figures"]["forget_gate_mean"]["sd"] is None  # n = 1
+
+
+def test_presets_parse_and_say_their_question():
+    sizes = {"dynamics": (3, 1), "forget-bias": (30, 10), "cells": (9, 3),
+             "long-memory": (18, 6)}
+    for name in PRESETS:
+        spec = load_preset(name)
+        assert (len(spec.trials), len(spec.conditions())) == sizes[name]
+    dyn = load_preset("dynamics").trials[0].config()
+    assert (dyn.cell, dyn.hidden, dyn.steps, dyn.eval_every) == ("lstm", 325, 3200, 100)
