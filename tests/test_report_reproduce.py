@@ -113,3 +113,20 @@ def test_forget_bias_study(tmp_path, corpus):
                       windows=2, length=40, perturb_pos=4, progress=False)
     assert plain["forget_bias"] is None
     assert "--forget-bias 3" in (tmp_path / "p" / "reproduce.md").read_text()
+
+
+def test_modern_cells_join_the_series(tmp_path, corpus, one_thread):
+    """`--cells`: a minGRU trains and is compared beside the LSTM; an unknown cell is exit 2."""
+    from gatelens.cli import main
+
+    out = tmp_path / "rep"
+    res = reproduce(out, corpus=str(corpus), windows=2, length=40, perturb_pos=4,
+                    progress=False, sizes={"lstm": TINY["lstm"], "mingru": TINY["gru"]})
+    assert [s["cell"] for s in res["series"]] == ["lstm", "mingru"]
+    rows = {r["figure"]: r for r in res["comparison"]}
+    assert rows["measured at lag 4"]["mingru"] is not None
+    md = (out / "reproduce.md").read_text()
+    assert "ours: mingru" in md and "(analysis/mingru/report.html)" in md
+    rep = json.loads((out / "analysis" / "mingru" / "report.json").read_text())
+    assert rep["units"]["gate"] == "keep" and rep["verification"]["passed"]
+    assert main(["reproduce", "--cells", "lstm,nope", "--out", str(tmp_path / "x")]) == 2

@@ -196,6 +196,9 @@ def _add_reproduce(sub) -> None:
                    help="output directory (default runs/reproduce); rerun to resume")
     p.add_argument("--corpus", default="shakespeare",
                    help="corpus name or text file (default: shakespeare, the seed's setup)")
+    p.add_argument("--cells", default="lstm,gru,rnn", metavar="LIST",
+                   help="comma-separated cells to train and compare (default lstm,gru,rnn; "
+                        f"any of {','.join(FAMILIES)})")
     p.add_argument("--forget-bias", type=float, default=None, metavar="B", dest="forget_bias",
                    help="also train the LSTM with total forget bias B and set it beside the "
                         "plain one (the seed's forget-bias claim; ~2 more minutes)")
@@ -207,8 +210,9 @@ def _cmd_reproduce(args) -> int:
 
     from .reproduce import reproduce
 
+    cells = tuple(c.strip() for c in args.cells.split(",") if c.strip())
     reproduce(args.out, corpus=args.corpus, progress=not args.quiet,
-              forget_bias=args.forget_bias)
+              forget_bias=args.forget_bias, cells=cells)
     print(Path(args.out) / "reproduce.md")
     return 0
 

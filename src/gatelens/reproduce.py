@@ -36,7 +36,14 @@ DEFAULT_SIZES: dict[str, dict] = {
     "lstm": {"hidden": 325, "steps": 800},
     "gru": {"hidden": 325, "steps": 800},
     "rnn": {"hidden": 325, "steps": 800},
+    # `--cells` adds these: the same units and steps, so the series differs only in the cell
+    # (sLSTM's sequential Python step makes it several times slower than the LSTM)
+    "mingru": {"hidden": 325, "steps": 800},
+    "minlstm": {"hidden": 325, "steps": 800},
+    "slstm": {"hidden": 325, "steps": 800},
 }
+#: The cells `gatelens reproduce` trains unless told otherwise (the seed's series).
+SEED_CELLS = ("lstm", "gru", "rnn")
 _CHECKED = ("corpus", "cell", "hidden", "layers", "steps", "batch", "seq", "seed", "lr",
             "forget_bias", "chrono")
 FORGET_BIAS_RUN = "lstm-forget-bias"  # the optional fourth run of `reproduce --forget-bias B`
@@ -96,15 +103,22 @@ def _history_seconds(run: Path) -> float | None:
 def reproduce(out: str | Path, *, corpus: str = "shakespeare",
               sizes: dict[str, dict] | None = None, windows: int = 32, length: int = 128,
               perturb_pos: int = 32, progress: bool = True,
-              forget_bias: float | None = None) -> dict:
+              forget_bias: float | None = None, cells: tuple[str, ...] | None = None) -> dict:
     """Train (or reuse), analyse and compare the three cells; returns reproduce.json's content.
 
-    ``sizes`` maps a cell to TrainConfig overrides (default :data:`DEFAULT_SIZES`); tests
+    ``cells`` chooses the cells (default the seed's LSTM, GRU and RNN; any of lstm, gru,
+    rnn, mingru, minlstm, slstm) at their :data:`DEFAULT_SIZES`.
+    ``sizes`` maps a cell to TrainConfig overrides (it overrides ``cells``); tests
     pass a tiny corpus and tiny sizes. ``forget_bias`` adds the seed's forget-bias study: a
     fourth LSTM, the same as the first but with that total forget bias, set beside it.
     """
     out = Path(out)
-    sizes = DEFAULT_SIZES if sizes is None else sizes
+    if sizes is None:
+        sizes = {c: DEFAULT_SIZES[c] for c in (cells or SEED_CELLS) if c in DEFAULT_SIZES}
+        unknown = sorted(set(cells or ()) - set(DEFAULT_SIZES))
+        if unknown:
+            raise GatelensError(f"reproduce: unknown cells {unknown}; expected some of "
+                                f"{', '.join(DEFAULT_SIZES)}")
     unknown = sorted(set(sizes) - set(CELLS))
     if unknown:
         raise GatelensError(f"reproduce: unknown cells {unknown}; expected {list(CELLS)}")

@@ -12,6 +12,8 @@ Rendering is apart, in ``gatelens.report.reproduce_md``.
 
 from __future__ import annotations
 
+from .cellspec import FAMILIES
+
 #: The seed's published figures (LSTM, 325 units, 800 steps, 32 × 128 validation characters;
 #: corpus, optimiser and learning rate unknown). Half-lives and ratio as docs/methods.md gives them.
 SEED_FIGURES: dict = {
@@ -42,7 +44,8 @@ SEED_FIGURES: dict = {
 }
 AGREE_REL = 0.10  # a figure "agrees" when within 10 % of the seed's (verification: both pass)
 
-CELLS = ("lstm", "gru", "rnn")
+#: Every cell a reproduction may train, in the order tables show them.
+CELLS = FAMILIES
 
 
 def _figure(report: dict | None, path: tuple) -> float | None:
