@@ -10,8 +10,8 @@ is reused, an interrupted one resumed, an analysis already written re-run (it is
     OUT/analysis/{lstm,gru,rnn}/   report.json, report.md, plots
     OUT/reproduce.md, OUT/reproduce.json
 
->>> sorted(DEFAULT_SIZES), DEFAULT_SIZES["lstm"]
-(['gru', 'lstm', 'rnn'], {'hidden': 325, 'steps': 800})
+>>> SEED_CELLS, DEFAULT_SIZES["lstm"], sorted(DEFAULT_SIZES)[:3]
+(('lstm', 'gru', 'rnn'), {'hidden': 325, 'steps': 800}, ['gru', 'lstm', 'mingru'])
 """
 
 from __future__ import annotations
