@@ -130,3 +130,23 @@ def test_modern_cells_join_the_series(tmp_path, corpus, one_thread):
     rep = json.loads((out / "analysis" / "mingru" / "report.json").read_text())
     assert rep["units"]["gate"] == "keep" and rep["verification"]["passed"]
     assert main(["reproduce", "--cells", "lstm,nope", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_seeds_give_the_spread(tmp_path, corpus, one_thread):
+    """`--seeds 3`: seeds 1 and 2 trained beside seed 0; the spread is over their reports."""
+    import statistics
+
+    out = tmp_path / "rep"
+    res = reproduce(out, corpus=str(corpus), windows=2, length=40, perturb_pos=4,
+                    progress=False, sizes={"rnn": TINY["rnn"]}, seeds=3)
+    lives = [json.loads((out / "analysis" / d / "report.json").read_text())["perturbation"][
+        "half_life_measured"] for d in ("rnn", "rnn-seed1", "rnn-seed2")]
+    s = res["spread"]["rnn"]["perturbation_half_life"]
+    finite = [v for v in lives if v is not None]
+    assert s["n"] == 3 and s["n_infinite"] == 3 - len(finite)
+    assert s["mean"] == pytest.approx(statistics.fmean(finite))
+    assert s["sd"] == pytest.approx(statistics.stdev(finite))
+    seeds = [json.loads((out / "runs" / d / "config.json").read_text())["train"]["seed"]
+             for d in ("rnn", "rnn-seed1", "rnn-seed2")]
+    assert seeds == [0, 1, 2]
+    assert "## Over 3 seeds" in (out / "reproduce.md").read_text()

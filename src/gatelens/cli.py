@@ -196,6 +196,8 @@ def _add_reproduce(sub) -> None:
                    help="output directory (default runs/reproduce); rerun to resume")
     p.add_argument("--corpus", default="shakespeare",
                    help="corpus name or text file (default: shakespeare, the seed's setup)")
+    p.add_argument("--seeds", type=positive_int, default=1, metavar="N",
+                   help="train every cell with seeds 0 … N−1 and report the spread (default 1)")
     p.add_argument("--cells", default="lstm,gru,rnn", metavar="LIST",
                    help="comma-separated cells to train and compare (default lstm,gru,rnn; "
                         f"any of {','.join(FAMILIES)})")
@@ -212,7 +214,7 @@ def _cmd_reproduce(args) -> int:
 
     cells = tuple(c.strip() for c in args.cells.split(",") if c.strip())
     reproduce(args.out, corpus=args.corpus, progress=not args.quiet,
-              forget_bias=args.forget_bias, cells=cells)
+              forget_bias=args.forget_bias, cells=cells, seeds=args.seeds)
     print(Path(args.out) / "reproduce.md")
     return 0
 

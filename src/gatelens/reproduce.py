@@ -103,9 +103,13 @@ def _history_seconds(run: Path) -> float | None:
 def reproduce(out: str | Path, *, corpus: str = "shakespeare",
               sizes: dict[str, dict] | None = None, windows: int = 32, length: int = 128,
               perturb_pos: int = 32, progress: bool = True,
-              forget_bias: float | None = None, cells: tuple[str, ...] | None = None) -> dict:
+              forget_bias: float | None = None, cells: tuple[str, ...] | None = None,
+              seeds: int = 1) -> dict:
     """Train (or reuse), analyse and compare the three cells; returns reproduce.json's content.
 
+    ``seeds`` > 1 trains every cell again with seeds 1 … N − 1 (runs/<cell>-seed<k>) and
+    adds the spread over seeds (mean, sample sd, min, max, n) of each series figure; the
+    comparison with the seed's figures stays that of seed 0.
     ``cells`` chooses the cells (default the seed's LSTM, GRU and RNN; any of lstm, gru,
     rnn, mingru, minlstm, slstm) at their :data:`DEFAULT_SIZES`.
     ``sizes`` maps a cell to TrainConfig overrides (it overrides ``cells``); tests
@@ -159,10 +163,40 @@ def reproduce(out: str | Path, *, corpus: str = "shakespeare",
                     out=out / "analysis" / FORGET_BIAS_RUN, progress=progress)
         study = forget_bias_study(forget_bias, reports["lstm"], a.report,
                                   runs["lstm"]["best"], read_config(run).get("best"), how)
+    spread = None
+    if seeds > 1:
+        spread = _spread(out, corpus, sizes, seeds, reports, runs, windows, length, perturb_pos,
+                         progress)
     result = {"version": 1, "corpus": corpus, "windows": windows, "length": length,
               "perturb_pos": perturb_pos, "seed": SEED_FIGURES, "runs": runs,
-              **compare(reports, runs), "forget_bias": study}
+              **compare(reports, runs), "forget_bias": study, "seeds": seeds,
+              "spread": spread}
     atomic_write_json(out / "reproduce.json", result)
     atomic_write_text(out / "reproduce.md", render_reproduce(result))
     _say(progress, f"wrote {out / 'reproduce.md'} and reproduce.json")
     return result
+
+
+def _spread(out: Path, corpus: str, sizes: dict[str, dict], seeds: int,
+            reports: dict[str, dict], runs: dict[str, dict], windows: int, length: int,
+            perturb_pos: int, progress: bool) -> dict:
+    """Each cell's series figures over seeds 0 … seeds − 1: mean, sample sd, min, max, n."""
+    from .study_report import report_figures, summarize
+
+    spread: dict[str, dict] = {}
+    for cell in (c for c in CELLS if c in sizes):
+        figs = [{**report_figures(reports[cell]),
+                 "best_val_loss": (runs[cell].get("best") or {}).get("val_loss")}]
+        for k in range(1, seeds):
+            cfg = TrainConfig(corpus=corpus, cell=cell, **{**sizes[cell], "seed": k}).validate()
+            run = out / "runs" / f"{cell}-seed{k}"
+            _say(progress, f"{cell}, seed {k}: {cfg.hidden} units, {cfg.steps} steps -> {run}")
+            ensure_run(cfg, run, progress)
+            a = analyze(run, windows=windows, length=length, perturb_pos=perturb_pos,
+                        out=out / "analysis" / f"{cell}-seed{k}", progress=progress)
+            figs.append({**report_figures(a.report),
+                         "best_val_loss": (read_config(run).get("best") or {}).get("val_loss")})
+        names = [n for n in figs[0] if all(n in f and f[n] is not None for f in figs)]
+        spread[cell] = {n: {**summarize([float(f[n]) for f in figs]), "n": len(figs)}
+                        for n in names}
+    return spread

@@ -6,7 +6,7 @@ Built from reproduce.json's content alone (``gatelens.reproduce``), so it can be
 from __future__ import annotations
 
 from ..seed_compare import AGREE_REL, CELLS
-from .tables import fmt
+from .tables import Table, fmt
 
 
 def _render_forget_bias(study: dict) -> list[str]:
@@ -27,6 +27,25 @@ def _render_forget_bias(study: dict) -> list[str]:
               "(the seed: a larger forget bias reached the whole context while loss got "
               "worse)."]
     return lines
+
+
+def _render_spread(spread: dict, seeds: int) -> list[str]:
+    """Each cell's figures over seeds as mean ± sd (min–max), n."""
+    names = sorted({n for figs in spread.values() for n in figs})
+    rows = []
+    for cell, figs in spread.items():
+        for n in names:
+            f = figs.get(n)
+            if f is None:
+                continue
+            inf = f" (+{f['n_infinite']} infinite)" if f["n_infinite"] else ""
+            rows.append([cell, n.replace("_", " "),
+                         f"{fmt(f['mean'])} ± {fmt(f['sd'])}{inf}",
+                         f"{fmt(f['min'])} – {fmt(f['max'])}", f["n"]])
+    return ["", f"## Over {seeds} seeds: one run is not a finding", "",
+            *Table(["cell", "figure", "mean ± sd", "min – max", "n"], rows).markdown(), "",
+            "Seeds 0 … N − 1 on this machine; another CPU gives other float32 rounding and so "
+            "other weights: compare spreads, not single figures."]
 
 
 def render_reproduce(result: dict) -> str:
@@ -88,6 +107,8 @@ def render_reproduce(result: dict) -> str:
                    "that the last step is the bottom of validation loss (the seed: 800 steps "
                    "was)." if lstm["best_is_last"] else
                    "validation loss rose after it (the seed: 800 steps was the bottom).")]
+    if result.get("spread"):
+        lines += _render_spread(result["spread"], result["seeds"])
     if result.get("forget_bias"):
         lines += _render_forget_bias(result["forget_bias"])
     else:
