@@ -28,6 +28,7 @@ m, kappa (κ = f ⊙ n / n'), s (= c/n), h.
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -41,7 +42,7 @@ from .trace_types import Trace, gate_names
 State = Tensor | tuple[Tensor, ...] | None
 
 
-class ModernRNN(nn.Module):
+class ModernRNN(nn.Module, abc.ABC):
     """The block stack around a cell; subclasses give the cell's chunks and layer step."""
 
     gatelens_modern = True  # trace() and verify() dispatch on this
@@ -120,9 +121,10 @@ class ModernRNN(nn.Module):
         out, final, _ = self.run(x, state, parallel=True)
         return out, final  # (B, T, H)
 
+    @abc.abstractmethod
     def layer(self, k: int, inp: Tensor, init: tuple[Tensor, ...],
               parallel: bool) -> tuple[dict[str, Tensor], tuple[Tensor, ...]]:
-        raise NotImplementedError
+        """Layer k of the cell on its whole input: its signals and its final state."""
 
     def stack_step(self, x_t: Tensor, parts: list[Tensor]) -> list[Tensor]:
         """One step of the whole stack on the divergence rate's carried state: per layer h
