@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -240,11 +241,107 @@ def test_merge_statistics_on_hand_made_reports(tmp_path):
     assert one["conditions"][0]["figures"]["forget_gate_mean"]["sd"] is None  # n = 1
 
 
-def test_presets_parse_and_say_their_question():
+def test_presets_parse_and_say_their_question(monkeypatch):
+    from gatelens import study_spec
+
     sizes = {"dynamics": (3, 1), "forget-bias": (30, 10), "cells": (9, 3),
-             "long-memory": (18, 6)}
+             "long-memory": (18, 6), "modern": (18, 6)}
+    monkeypatch.setitem(study_spec._VOCAB, "shakespeare", 84)  # modern matches parameters
     for name in PRESETS:
         spec = load_preset(name)
         assert (len(spec.trials), len(spec.conditions())) == sizes[name]
     dyn = load_preset("dynamics").trials[0].config()
     assert (dyn.cell, dyn.hidden, dyn.steps, dyn.eval_every) == ("lstm", 325, 3200, 100)
+
+
+def test_reuse_copies_a_finished_trial_of_equal_settings(study, corpus, tmp_path, capsys):
+    _, res = study
+    # gru seed 1 under another name (init "none" is PyTorch's init: the same settings)
+    spec = write_spec(tmp_path / "spec.toml", {"init": ["none"], "cell": ["gru"], "seed": [1]},
+                      {"corpus": str(corpus), **TRAIN})
+    out = tmp_path / "out"
+    got = run_study(spec, out, reuse=[res.out], progress=False)
+    assert (got.ran, got.reused, got.failed) == (0, 1, 0)
+    (t,) = got.study["trials"]
+    assert t["id"] == "init-none_cell-gru_seed-1" and t["how"] == "copied"
+    assert t["copied_from"] == str((res.out / "trials" / "cell-gru_seed-1").resolve())
+    src = next(s for s in res.study["trials"] if s["id"] == "cell-gru_seed-1")
+    assert t["figures"] == src["figures"]
+    for c in t["checkpoints"]:
+        assert c["report"].startswith(f"trials/{t['id']}/") and (out / c["report"]).exists()
+    assert (out / t["run"] / "model.safetensors").exists()
+    assert not list((out / "trials").glob(".*"))  # no half-copied directory left
+    again = run_study(spec, out, reuse=[res.out], progress=False)
+    assert again.study["trials"][0]["how"] == "reused"
+    assert again.study["trials"][0]["copied_from"] == t["copied_from"]
+    assert main(["study", str(spec), "--out", str(tmp_path / "o2"), "--reuse",
+                 str(tmp_path)]) == 2
+    assert "not a study directory" in capsys.readouterr().err
+
+
+def test_table_axis_sets_several_keys_per_condition():
+    spec = parse_spec({"grid": {"seed": [0, 1], "model": [
+        {"cell": "lstm"}, {"cell": "mingru", "layers": 2}]}, "train": {"hidden": 8}})
+    assert [t.id for t in spec.trials] == ["cell-lstm_seed-0", "cell-lstm_seed-1",
+                                           "cell-mingru_layers-2_seed-0",
+                                           "cell-mingru_layers-2_seed-1"]
+    assert spec.conditions() == [{"cell": "lstm"}, {"cell": "mingru", "layers": 2}]
+    lstm, mingru = spec.trials[0].config(), spec.trials[2].config()
+    assert (lstm.layers, mingru.layers, mingru.hidden) == (1, 2, 8)  # the table overrides
+
+
+def test_match_params_picks_the_nearest_hidden(corpus):
+    from gatelens.model import matched_hidden, parameter_count
+    from gatelens.study_spec import vocab_size
+    from gatelens.train import model_config
+
+    spec = parse_spec({"grid": {"seed": [0], "model": [
+        {"cell": "lstm"}, {"cell": "gru"}, {"cell": "slstm", "heads": 3}]},
+        "train": {"corpus": str(corpus), "hidden": 20, "match_params": "lstm"}})
+    vocab = vocab_size(str(corpus))
+    assert vocab == len(set(corpus.read_text(encoding="utf-8")))
+    count = {t.condition["cell"]: parameter_count(model_config(t.config()), vocab)
+             for t in spec.trials}
+    target = count["lstm"]
+    assert spec.trials[0].config().hidden == 20
+    for t in spec.trials[1:]:
+        cfg = t.config()
+        step = cfg.heads
+        assert cfg.hidden % step == 0
+        near = [parameter_count({**model_config(cfg), "hidden": cfg.hidden + d}, vocab)
+                for d in (-step, step)]
+        assert all(abs(n - target) >= abs(count[cfg.cell] - target) for n in near)
+        assert matched_hidden(model_config(cfg), target, vocab) == cfg.hidden
+
+
+@pytest.mark.parametrize("grid, train, says", [
+    ({"cell": [{"layers": 2}]}, {}, "a list of tables needs a name of its own"),
+    ({"m": [{"cell": "lstm", "colour": 1}]}, {}, "m[0] colour: unknown key"),
+    ({"m": [{"cell": "lstm", "seed": 1}]}, {}, "m[0] seed: unknown key"),
+    ({"m": [{"cell": "lstm"}, {"cell": "lstm"}]}, {}, "a table is listed twice"),
+    ({"m": [{}]}, {}, "an empty table"),
+    ({"m": [{"layers": [1, 2]}]}, {}, "expected one value"),
+    ({"m": [{"layers": 2}], "layers": [1, 3]}, {}, "both a list and a key of a table axis"),
+    ({"m": [{"init": "none"}]}, {"forget_bias": 1.0}, "exclusive"),
+    ({"seed": [0]}, {"match_params": "transformer"}, "match_params: expected a cell"),
+    ({"m": [{"cell": "gru", "hidden": 9}]}, {"match_params": "lstm"}, "sets every trial's"),
+    ({"m": [{"cell": "slstm", "heads": 2}]}, {"hidden": 9}, "--heads 2 must divide"),
+])
+def test_bad_table_axes_and_match_params(grid, train, says):
+    with pytest.raises(GatelensError, match=re.escape(says)):
+        parse_spec({"grid": grid, "train": train})
+
+
+def test_modern_preset_matches_the_lstm_parameter_count(monkeypatch):
+    from gatelens import study_spec
+    from gatelens.study_report import model_size
+
+    monkeypatch.setitem(study_spec._VOCAB, "shakespeare", 84)  # its 84 characters
+    spec = load_preset("modern")
+    sizes = {t.condition["cell"]: model_size(t.train, 84) for t in spec.trials}
+    assert sizes["lstm"] == {"hidden": 325, "layers": 1, "parameters": 561684}
+    assert {c: (s["hidden"], s["layers"]) for c, s in sizes.items()} == {
+        "lstm": (325, 1), "gru": (379, 1), "rnn": (669, 1), "mingru": (224, 2),
+        "minlstm": (210, 2), "slstm": (296, 1)}
+    for s in sizes.values():
+        assert abs(s["parameters"] / 561684 - 1) < 0.007

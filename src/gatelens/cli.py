@@ -223,7 +223,8 @@ def _add_study(sub) -> None:
     p = sub.add_parser("study", help="many runs, one finding: a grid of trials (train + analyze "
                        "every checkpoint) as Ray tasks, merged into study.json/md/html")
     p.add_argument("spec", nargs="?", help="SPEC.toml: [grid], [train], [analysis]")
-    p.add_argument("--preset", choices=["dynamics", "forget-bias", "cells", "long-memory"],
+    p.add_argument("--preset", choices=["dynamics", "forget-bias", "cells", "long-memory",
+                                        "modern"],
                    help="a built-in SPEC instead of a file")
     p.add_argument("--out", required=True, metavar="DIR", help="study directory; rerun to "
                    "reuse finished trials and resume interrupted ones")
@@ -231,6 +232,9 @@ def _add_study(sub) -> None:
                    "every node sees); default: a local Ray started for the study")
     p.add_argument("--workers", type=positive_int,
                    help="trials at once (local Ray: its CPUs; default all cores)")
+    p.add_argument("--reuse", action="append", default=[], metavar="OTHER_DIR",
+                   help="copy, instead of running, any trial whose settings equal a finished "
+                   "trial of the study in OTHER_DIR (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
 
 
@@ -242,7 +246,7 @@ def _cmd_study(args) -> int:
         raise GatelensError("study: give SPEC.toml or --preset NAME, one of them")
     spec = load_preset(args.preset) if args.preset else load_spec(args.spec)
     res = run_study(spec, args.out, workers=args.workers, address=args.address,
-                    progress=not args.quiet)
+                    progress=not args.quiet, reuse=args.reuse)
     print(res.out / "study.json")
     print(res.out / "study.html")
     for line in failed_lines(res.study["trials"]):

@@ -163,3 +163,43 @@ def initial_keep_value(forget_bias: float | None) -> float:
     (0.5, 0.7311)
     """
     return 0.5 if forget_bias is None else 1.0 / (1.0 + math.exp(-forget_bias))
+
+
+def parameter_count(model: dict, vocab_size: int) -> int:
+    """Trainable parameters of the CharLM a "model" block describes (built on the meta
+    device: no memory, no init).
+
+    >>> parameter_count({"cell": "lstm", "hidden": 325, "layers": 1}, 84)
+    561684
+    >>> 4 * (325 * 84 + 325 * 325 + 2 * 325) + 325 * 84 + 84  # W_ih, W_hh, 2 biases; head
+    561684
+    """
+    with torch.device("meta"):
+        m = CharLM.from_config(model, vocab_size)
+    return sum(p.numel() for p in m.parameters())
+
+
+def matched_hidden(model: dict, target: int, vocab_size: int) -> int:
+    """The hidden size (a multiple of sLSTM's heads) whose parameter count is nearest
+    ``target``, the rest of ``model`` as given; the smaller on a tie.
+
+    >>> matched_hidden({"cell": "gru", "layers": 1}, 561684, 84)
+    379
+    >>> [parameter_count({"cell": "gru", "hidden": h, "layers": 1}, 84) - 561684
+    ...  for h in (378, 379, 380)]
+    [-3672, -1059, 1560]
+    """
+    step = int(model.get("heads", 1) or 1)
+
+    def count(k: int) -> int:  # increasing in k
+        return parameter_count({**model, "hidden": k * step}, vocab_size)
+
+    hi = 1
+    while count(hi) < target:
+        hi *= 2
+    lo = max(1, hi // 2)
+    while lo < hi:  # smallest k with count(k) >= target
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) < target else (lo, mid)
+    best = min((k for k in (lo - 1, lo) if k >= 1), key=lambda k: (abs(count(k) - target), k))
+    return best * step

@@ -221,8 +221,8 @@ class SLSTM(ModernRNN):
         h, c, n, m = init
         names = ("z", "i", "f", "o", "c", "n", "m", "kappa", "s", "h")
         out: dict[str, list[Tensor]] = {name: [] for name in names}
-        for t in range(pre_x.shape[1]):
-            pz, pi, pf, po = (pre_x[:, t] + self.recurrent(k, h)).chunk(4, dim=-1)  # (B, H)
+        for x_t in pre_x.unbind(1):  # one backward for all steps (pre_x[:, t] costs O(T²))
+            pz, pi, pf, po = (x_t + self.recurrent(k, h)).chunk(4, dim=-1)  # (B, H)
             z, o, log_f = torch.tanh(pz), torch.sigmoid(po), F.logsigmoid(pf)
             m_new = torch.maximum(log_f + m, pi)  # (B, H)
             i, f = torch.exp(pi - m_new), torch.exp(log_f + m - m_new)

@@ -118,9 +118,13 @@ def _analyze_all(trial: Trial, tdir: Path) -> list[dict]:
     return out
 
 
-def plan(spec: StudySpec, out: Path) -> tuple[list[dict], list[Trial]]:
+def plan(spec: StudySpec, out: Path,
+         reuse: Iterable[str | Path] = ()) -> tuple[list[dict], list[Trial]]:
     """Finished trials to reuse (their trial.json) and trials to run. A trial directory
-    holding other settings is an error: the study would mix two experiments."""
+    holding other settings is an error: the study would mix two experiments. A trial not
+    finished here whose settings equal a finished trial of a study in ``reuse`` is copied
+    from there (``copy_trial``) and reused."""
+    done_elsewhere = _finished_trials(reuse)
     reused, todo = [], []
     for trial in spec.trials:
         path = out / TRIALS / trial.id / "trial.json"
@@ -130,9 +134,63 @@ def plan(spec: StudySpec, out: Path) -> tuple[list[dict], list[Trial]]:
                                 f"{spec.where} gives; choose another --out")
         if rec is not None and rec.get("status") == "done":
             reused.append({**rec, "how": "reused"})
+            continue
+        src = done_elsewhere.get(_settings_key(trial.settings()))
+        if src is not None and rec is None and not (out / TRIALS / trial.id).exists():
+            reused.append(copy_trial(src, trial, out))
         else:
             todo.append(trial)
     return reused, todo
+
+
+def _settings_key(settings: dict) -> str:
+    return json.dumps(settings, sort_keys=True)
+
+
+def _finished_trials(dirs: Iterable[str | Path]) -> dict[str, Path]:
+    """Settings -> trial directory, over the finished trials of other studies' DIRs."""
+    found: dict[str, Path] = {}
+    for d in dirs:
+        d = Path(d)
+        if not (d / TRIALS).is_dir():
+            raise GatelensError(f"--reuse {d}: not a study directory (no {TRIALS}/ in it)")
+        for path in sorted((d / TRIALS).glob("*/trial.json")):
+            rec = _read_record(path)
+            if rec and rec.get("status") == "done" and isinstance(rec.get("spec"), dict):
+                found.setdefault(_settings_key(rec["spec"]), path.parent)
+    return found
+
+
+def copy_trial(src: Path, trial: Trial, out: Path) -> dict:
+    """Copy a finished trial of another study (same settings) into ``out`` as ``trial``:
+    its run and analyses as they are, its trial.json with this study's id, condition and
+    paths, ``how`` "copied" and ``copied_from`` the source directory. Atomic: a copy
+    interrupted half-way leaves no trial directory."""
+    rec = _read_record(src / "trial.json") or {}
+    old = f"{TRIALS}/{src.name}/"
+    dest = out / TRIALS / trial.id
+    tmp = out / TRIALS / f".{trial.id}.copying"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    for part in ("run", "analysis"):
+        if (src / part).exists():
+            shutil.copytree(src / part, tmp / part)
+    new = {**new_record(trial), **{k: rec.get(k) for k in ("status", "error", "seconds",
+                                                           "timings")},
+           "how": "copied", "copied_from": str(src.resolve()),
+           "checkpoints": [{**c, "report": f"{TRIALS}/{trial.id}/"
+                            + c["report"].removeprefix(old)} for c in rec["checkpoints"]]}
+    atomic_write_json(tmp / "trial.json", new)
+    tmp.rename(dest)
+    return new
+
+
+def _reused_words(reused: list[dict]) -> str:
+    """'N finished, reused' and, when some were, 'K of them copied from --reuse'."""
+    copied = sum(r.get("how") == "copied" for r in reused)
+    return f"{len(reused)} finished, reused" + (f", {copied} of them copied from --reuse"
+                                                 if copied else "")
 
 
 def _read_record(path: Path) -> dict | None:
@@ -262,9 +320,11 @@ def _say(progress: bool, msg: str) -> None:
 
 
 def run_study(spec: StudySpec | str | Path, out: str | Path, *, workers: int | None = None,
-              address: str | None = None, progress: bool = True) -> StudyResult:
+              address: str | None = None, progress: bool = True,
+              reuse: Iterable[str | Path] = ()) -> StudyResult:
     """Run every trial of ``spec`` (a StudySpec or a SPEC.toml path) that is not finished,
-    then merge all into ``out``/study.json, study.md and study.html.
+    then merge all into ``out``/study.json, study.md and study.html. A trial whose
+    settings equal a finished trial of a study directory in ``reuse`` is copied, not run.
 
     Everything is checked before any work; bad input raises a one-line GatelensError.
     """
@@ -275,17 +335,18 @@ def run_study(spec: StudySpec | str | Path, out: str | Path, *, workers: int | N
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise GatelensError(f"{out}: exists and is not a directory")
-    reused, todo = plan(spec, out)
+    reused, todo = plan(spec, out, reuse)
     records: list[dict] = list(reused)
     if todo:
         _import_ray()  # before any work: a missing Ray is a one-line error
         workers_n = workers or (os.cpu_count() or 1)
-        _say(progress, f"{len(spec.trials)} trials ({len(reused)} finished, reused; "
+        _say(progress, f"{len(spec.trials)} trials ({_reused_words(reused)}; "
                        f"{len(todo)} to run); " + _estimate(todo, workers_n, 1))
         (out / TRIALS).mkdir(parents=True, exist_ok=True)
         records += run_ray(todo, out, workers=workers, address=address, progress=progress)
     else:
-        _say(progress, f"{len(spec.trials)} trials, all finished before; merging")
+        _say(progress, f"{len(spec.trials)} trials, all finished ({_reused_words(reused)}); "
+                       "merging")
     order = {t.id: k for k, t in enumerate(spec.trials)}
     records.sort(key=lambda r: order[r["id"]])
     study = write_study(spec, records, out)

@@ -33,9 +33,11 @@ from .study_spec import StudySpec, condition_label
 FIGURES = {
     "best_val_loss": "best validation loss (nats/char)",
     "val_loss": "validation loss (nats/char)",
-    "forget_gate_mean": "mean forget gate (GRU: z)",
+    "forget_gate_mean": "mean keep gate",
     "unit_half_life_median": "median unit half-life (chars)",
     "perturbation_half_life": "perturbation half-life (chars)",
+    "forget_only_half_life": "forget-only half-life (chars)",
+    "ratio_at_max_lag": "measured / forget-only at the longest lag",
     "units_half_life_ge_10": "units with half-life ≥ 10",
     "output_reach_half_life": "output-reach half-life (chars)",
 }
@@ -68,6 +70,10 @@ def report_figures(report: dict) -> dict[str, float]:
     p = report.get("perturbation") or {}
     if p.get("lags"):
         out["perturbation_half_life"] = _life(p.get("half_life_measured"))
+        if p.get("forget_only") is not None:  # a cell with a keep gate
+            out["forget_only_half_life"] = _life(p.get("half_life_forget_only"))
+        if p.get("ratio_at_max_lag") is not None:
+            out["ratio_at_max_lag"] = float(p["ratio_at_max_lag"])
     r = report.get("output_reach")
     if isinstance(r, dict) and (r.get("half_life") is not None or (r.get("kl") or [0])[0] > 0):
         out["output_reach_half_life"] = _life(r.get("half_life"))  # null with KL(1) > 0: grows
@@ -90,9 +96,10 @@ def _json_figs(figs: dict[str, float]) -> dict:
 def trial_figures(record: dict, out: Path) -> dict:
     """A done trial's study.json entry: each checkpoint with its figures, and the trial's
     figures (the final checkpoint's, with best_val_loss)."""
-    cks = []
+    cks, vocab = [], None
     for ck in record["checkpoints"]:
         report = json.loads((out / ck["report"]).read_text(encoding="utf-8"))
+        vocab = (report.get("model") or {}).get("vocab_size", vocab)
         figs = report_figures(report)
         if ck.get("val_loss") is not None:
             figs = {"val_loss": ck["val_loss"], **figs}
@@ -101,7 +108,23 @@ def trial_figures(record: dict, out: Path) -> dict:
     losses = [c["val_loss"] for c in cks if c.get("val_loss") is not None]
     if losses:
         final = {"best_val_loss": min(losses), **final}
-    return {"checkpoints": cks, "figures": final}
+    return {"checkpoints": cks, "figures": final, "vocab_size": vocab}
+
+
+def model_size(train: dict, vocab_size: int | None) -> dict:
+    """A trial's model: hidden, layers and (with the vocabulary's size) its parameters.
+
+    >>> model_size({"cell": "lstm", "hidden": 325, "layers": 1}, 84)
+    {'hidden': 325, 'layers': 1, 'parameters': 561684}
+    """
+    from .config import TrainConfig
+    from .model import parameter_count
+    from .train import model_config
+
+    cfg = TrainConfig.from_dict(train)
+    return {"hidden": cfg.hidden, "layers": cfg.layers,
+            "parameters": None if vocab_size is None else
+            parameter_count(model_config(cfg), vocab_size)}
 
 
 def _stats(figs: list[dict[str, float]]) -> dict:
@@ -111,16 +134,21 @@ def _stats(figs: list[dict[str, float]]) -> dict:
 
 def merge(spec: StudySpec, records: list[dict], out: Path) -> dict:
     """study.json's content from the trials' records (in spec order)."""
-    trials, per_trial = [], {}
+    trials, per_trial, sizes = [], {}, {}
+    train_of = {t.id: t.train for t in spec.trials}
     for rec in records:
         entry = {k: rec.get(k) for k in ("id", "condition", "seed", "run", "status", "error",
                                          "how", "seconds")}
+        if rec.get("copied_from"):
+            entry["copied_from"] = rec["copied_from"]
         if rec["status"] == "done":
             got = trial_figures(rec, out)
             per_trial[rec["id"]] = got
             entry["checkpoints"] = [{**c, "figures": _json_figs(c["figures"])}
                                     for c in got["checkpoints"]]
             entry["figures"] = _json_figs(got["figures"])
+            entry["model"] = sizes[rec["id"]] = model_size(train_of[rec["id"]],
+                                                           got["vocab_size"])
         else:
             entry["checkpoints"], entry["figures"] = [], {}
         trials.append(entry)
@@ -133,8 +161,9 @@ def merge(spec: StudySpec, records: list[dict], out: Path) -> dict:
         for s in steps:
             at = [c["figures"] for t in done for c in t["checkpoints"] if c["step"] == s]
             over.append({"step": s, "n": len(at), "figures": _stats(at)})
+        model = next((sizes[r["id"]] for r in mine if r["id"] in sizes), None)
         conditions.append({"condition": cond, "label": condition_label(cond), "n": len(done),
-                           "n_failed": len(mine) - len(done),
+                           "n_failed": len(mine) - len(done), "model": model,
                            "figures": _stats([t["figures"] for t in done]),
                            "over_training": over})
     return {"version": 1, "engine": "ray", "figures_at": "final checkpoint (val loss: best)",
@@ -149,12 +178,24 @@ def _mean_sd(s: dict, n: int) -> str:
     return f"{fmt(s['mean'])}{sd} ({n - s['n_infinite']})"
 
 
+def size_words(m: dict | None) -> str:
+    """', hidden H × L layers, P parameters' (empty without a finished trial).
+
+    >>> size_words({"hidden": 224, "layers": 2, "parameters": 561876})
+    ', hidden 224 × 2 layers, 561,876 parameters'
+    """
+    if not m:
+        return ""
+    words = f", hidden {m['hidden']} × {m['layers']} layer{'s' if m['layers'] > 1 else ''}"
+    return words + (f", {m['parameters']:,} parameters" if m.get("parameters") else "")
+
+
 def condition_table(cond: dict) -> Table:
     """One condition's figures: mean ± sd (n of finite values), min, max, infinite."""
     rows = [[FIGURES[name], _mean_sd(s, cond["n"]), s["min"], s["max"], s["n_infinite"]]
             for name, s in cond["figures"].items()]
     return Table(["figure", "mean ± sd (n)", "min", "max", "infinite"], rows,
-                 f"{cond['label']}: {cond['n']} trials" + (
+                 f"{cond['label']}: {cond['n']} trials{size_words(cond.get('model'))}" + (
                      f", {cond['n_failed']} failed" if cond["n_failed"] else ""))
 
 
@@ -245,13 +286,16 @@ def render_markdown(study: dict, plots: list[str]) -> str:
     lines = ["# Study", "", f"{n} trials, {n - len(bad)} done, {len(bad)} failed; "
              f"{len(study['conditions'])} conditions. Figures at each trial's final checkpoint "
              "(validation loss: its best); mean ± sample sd (n finite values) over seeds; an "
-             "infinite half-life is left out and counted under 'infinite'.", ""]
+             "infinite half-life is left out and counted under 'infinite'. The keep gate is "
+             "the one that scales the carried state: LSTM f, GRU z, minGRU 1 − z, minLSTM "
+             "f* = f/(f + i), sLSTM κ.", ""]
     if bad:
         lines += ["## Failed trials", ""] + [f"- `{t['id']}`: {t['error']}" for t in bad] + [""]
     lines += ["## Conditions", ""]
     for cond in study["conditions"]:
         t = condition_table(cond)
-        lines += [f"### {cond['label']}", "", *t.markdown(), ""]
+        lines += [f"### {cond['label']}", "", f"{cond['n']} trials"
+                  f"{size_words(cond.get('model'))}.", "", *t.markdown(), ""]
     lines += ["## Trials", "", *trials_table(study).markdown(), ""]
     lines += ["## Plots", ""] + [f"![{p}](plots/{p})" for p in plots] + [""]
     return "\n".join(lines)

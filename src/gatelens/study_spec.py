@@ -2,8 +2,14 @@
 work starts.
 
     [grid]       lists expand into a cartesian grid; scalars apply to every trial
-                 (keys: cell, seed, init and any TrainConfig field)
-    [train]      any `gatelens train` setting, one value for every trial
+                 (keys: cell, seed, init and any TrainConfig field). A list of tables
+                 under any other name is one axis whose values set several keys
+                 together, e.g. model = [{cell = "lstm"}, {cell = "mingru", layers = 2}];
+                 a table's keys override [train]'s.
+    [train]      any `gatelens train` setting, one value for every trial, and
+                 match_params = CELL: each trial's hidden size is the one whose parameter
+                 count is nearest that of a CELL model with [train]'s settings (its
+                 hidden, layers, corpus), so cells are compared at matched size
     [analysis]   windows, length, perturb_pos (`gatelens analyze`'s settings)
 
 ``init`` is "none", "forget_bias:B" or "chrono:TMAX". A condition is a setting of
@@ -43,9 +49,10 @@ from .errors import GatelensError
 
 SECTIONS = ("grid", "train", "analysis")
 ANALYSIS_DEFAULTS = {"windows": 32, "length": 128, "perturb_pos": 32}
-PRESETS = ("dynamics", "forget-bias", "cells", "long-memory")
+PRESETS = ("dynamics", "forget-bias", "cells", "long-memory", "modern")
 _FIELD_TYPES = {f.name: str(f.type).split("|")[0].strip() for f in fields(TrainConfig)}
 TRAIN_KEYS = (*_FIELD_TYPES, "init")
+MATCH = "match_params"  # [train] only: a cell whose parameter count every trial matches
 
 
 @dataclass(frozen=True)
@@ -149,9 +156,15 @@ def parse_spec(doc: dict, where: str = "SPEC") -> StudySpec:
         raise GatelensError(f"{where}: [grid] is empty; a study needs at least one list, "
                             "e.g. seed = [0, 1, 2]")
     values: dict[str, Any] = {}
+    tables: dict[str, list[dict]] = {}  # [grid] axes whose values are tables of settings
+    match = train.pop(MATCH, None)
     for section, table in (("grid", grid), ("train", train)):
         for key, value in table.items():
             at = f"{where}: [{section}]"
+            if section == "grid" and isinstance(value, list) and value and all(
+                    isinstance(v, dict) for v in value):
+                tables[key] = _check_tables(at, key, value)
+                continue
             if key not in TRAIN_KEYS:
                 raise GatelensError(f"{at} {key}: unknown key (cell, seed, init or a train "
                                     "setting)")
@@ -167,8 +180,21 @@ def parse_spec(doc: dict, where: str = "SPEC") -> StudySpec:
                 values[key] = [_check_type(at, key, v) for v in value]
             else:
                 values[key] = _check_type(at, key, value)
-    if "init" in values and ({"forget_bias", "chrono"} & set(values)):
+    in_tables = {k for axis in tables.values() for t in axis for k in t}
+    for key in in_tables & {k for k, v in values.items() if isinstance(v, list)}:
+        raise GatelensError(f"{where}: [grid] {key}: both a list and a key of a table axis")
+    keys = set(values) | in_tables
+    if "init" in keys and ({"forget_bias", "chrono"} & keys):
         raise GatelensError(f"{where}: init and forget_bias/chrono are exclusive; give init")
+    if match is not None:
+        from .cellspec import FAMILIES
+
+        if match not in FAMILIES:
+            raise GatelensError(f"{where}: [train] {MATCH}: expected a cell "
+                                f"({', '.join(FAMILIES)}), got {match!r}")
+        if "hidden" in in_tables or "hidden" in grid:
+            raise GatelensError(f"{where}: [train] {MATCH}: sets every trial's hidden; give "
+                                "the reference's hidden in [train] only")
     analysis = dict(ANALYSIS_DEFAULTS)
     for key, value in ana.items():
         if key not in ANALYSIS_DEFAULTS:
@@ -182,18 +208,83 @@ def parse_spec(doc: dict, where: str = "SPEC") -> StudySpec:
         check_perturb_pos(analysis["perturb_pos"], analysis["length"])
     except GatelensError as e:
         raise GatelensError(f"{where}: [analysis] perturb_pos: {e}") from None
-    return StudySpec(doc, _expand(values, analysis, where), where)
+    return StudySpec(doc, _expand(values, tables, analysis, where, match), where)
 
 
-def _expand(values: dict, analysis: dict, where: str) -> list[Trial]:
+def _check_tables(at: str, axis: str, value: list[dict]) -> list[dict]:
+    """A table axis's values, each key a train setting with a scalar of its type."""
+    if axis in TRAIN_KEYS or axis == "seed":
+        raise GatelensError(f"{at} {axis}: a list of tables needs a name of its own (e.g. "
+                            f"model), not a setting's")
+    if len({json.dumps(v, sort_keys=True) for v in value}) < len(value):
+        raise GatelensError(f"{at} {axis}: a table is listed twice")
+    out = []
+    for n, table in enumerate(value):
+        row = {}
+        for key, v in table.items():
+            key = key.replace("-", "_")
+            where = f"{at} {axis}[{n}]"
+            if key not in TRAIN_KEYS or key == "seed":
+                raise GatelensError(f"{where} {key}: unknown key (cell, init or a train "
+                                    "setting other than seed)")
+            if isinstance(v, list | dict):
+                raise GatelensError(f"{where} {key}: expected one value, got {v!r}")
+            row[key] = _check_type(where, key, v)
+        if not row:
+            raise GatelensError(f"{at} {axis}[{n}]: an empty table")
+        out.append(row)
+    return out
+
+
+_VOCAB: dict[str, int] = {}
+
+
+def vocab_size(corpus: str) -> int:
+    """Characters in a corpus's vocabulary (what `gatelens train` builds), cached.
+
+    >>> from gatelens.corpus import load_corpus
+    >>> vocab_size("brackets"), len(set(load_corpus("brackets").text))
+    (12, 12)
+    """
+    if corpus not in _VOCAB:
+        from .corpus import Vocab, load_corpus
+
+        _VOCAB[corpus] = Vocab.from_text(load_corpus(corpus).text).size
+    return _VOCAB[corpus]
+
+
+def _matched(setting: dict, base: dict, match: str) -> int:
+    """The trial's hidden at the parameter count of a ``match`` model with ``base``'s
+    settings (``base`` is the trial's setting before its table axes)."""
+    from .model import matched_hidden, parameter_count
+    from .train import model_config
+
+    vocab = vocab_size(setting["corpus"])
+    ref = TrainConfig.from_dict({**base, "cell": match, "heads": 1})
+    target = parameter_count(model_config(ref), vocab)
+    return matched_hidden(model_config(TrainConfig.from_dict(setting)), target, vocab)
+
+
+def _expand(values: dict, tables: dict, analysis: dict, where: str,
+            match: str | None = None) -> list[Trial]:
     axes = [k for k, v in values.items() if isinstance(v, list) and k != "seed"]
     seeds = values.get("seed", 0)
     seeds = seeds if isinstance(seeds, list) else [seeds]
     trials = []
-    for combo in itertools.product(*(values[k] for k in axes)):
-        condition = dict(zip(axes, combo, strict=True))
+    for combo in itertools.product(*(values[k] for k in axes), *tables.values()):
+        plain = dict(zip(axes, combo[: len(axes)], strict=True))
+        condition = dict(plain)
+        for row in combo[len(axes):]:
+            condition.update(row)
         for seed in seeds:
-            setting = {**values, **condition, "seed": seed}
+            base = {**TrainConfig().to_dict(), **values, **plain, "seed": seed}
+            setting = {**base, **condition}
+            if match is not None:
+                base.pop("init", None)
+                try:
+                    setting["hidden"] = _matched(setting, base, match)
+                except GatelensError as e:
+                    raise GatelensError(f"{where}: [train] {MATCH}: {e}") from None
             if "init" in setting:
                 setting["forget_bias"], setting["chrono"] = parse_init(setting.pop("init"), "")
             name = "_".join(f"{k}-{_slug(v)}" for k, v in (*condition.items(), ("seed", seed)))
