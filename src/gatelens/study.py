@@ -230,13 +230,26 @@ def step_seconds(trial: Trial, threads: int = 1, steps: int = 3) -> float:
         torch.set_num_threads(old)
 
 
+def makespan(seconds: list[float], workers: int) -> float:
+    """Wall time of jobs taken in order, each by the first free of ``workers``.
+
+    >>> makespan([10, 10, 10], 2), makespan([10, 10, 10, 10], 2), makespan([5], 4)
+    (20.0, 20.0, 5.0)
+    """
+    free = [0.0] * max(1, workers)
+    for s in seconds:
+        k = free.index(min(free))
+        free[k] += s
+    return max(free)
+
+
 def _estimate(todo: list[Trial], workers: int, threads: int) -> str:
     """One line: the trials to run and their training time from 3 timed steps."""
     try:
         per_step = step_seconds(todo[0], threads)
     except GatelensError as e:
         return f"no time estimate ({todo[0].id}: {e})"
-    total = sum(t.train["steps"] for t in todo) * per_step / max(1, min(workers, len(todo)))
+    total = makespan([t.train["steps"] * per_step for t in todo], workers)
     return (f"about {_clock(total)} of training on {workers} workers "
             f"({per_step * 1e3:.1f} ms per step of {todo[0].id}; analyses add to it)")
 
