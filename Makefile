@@ -36,6 +36,7 @@ bench: install
 	$(PY) benchmarks/bench_trace.py
 	$(PY) benchmarks/bench_analyze.py
 	$(PY) benchmarks/bench_study.py
+	$(PY) benchmarks/bench_modern.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
