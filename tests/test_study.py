@@ -100,7 +100,10 @@ def test_two_by_two_study_runs_and_its_figures_are_the_trials_reports(study):
     assert got["sd"] == pytest.approx(statistics.stdev(vals))
     assert [o["step"] for o in lstm["over_training"]] == [0, 2, 4]
     html = (res.out / "study.html").read_text(encoding="utf-8")
-    assert html.count("data:image/png;base64,") == 6 and "http" not in html
+    assert html.count("data:image/png;base64,") == 7 and "http" not in html
+    keeps = [k for t in s["trials"][:2] for k in _final_report(res.out, t)["units"]["per_unit"]]
+    assert lstm["unit_half_lives"] == sorted(
+        float(f"{math.log(0.5) / math.log(a):.4g}") for a in keeps)
     assert "cell=gru" in (res.out / "study.md").read_text(encoding="utf-8")
 
 
@@ -209,7 +212,8 @@ def test_without_ray_the_study_asks_for_the_extra(tmp_path, monkeypatch, corpus)
 
 
 def _report(f: float, unit_median: float | None, pert: float | None) -> dict:
-    return {"units": {"gate": "f", "half_life": {"median": unit_median}, "half_life_ge_10": 1},
+    return {"units": {"gate": "f", "half_life": {"median": unit_median}, "half_life_ge_10": 1,
+                      "per_unit": [f, 1.0]},
             "gates": {"f": {"mean": f}},
             "perturbation": {"lags": [1, 2], "half_life_measured": pert},
             "output_reach": None}
@@ -237,6 +241,7 @@ def test_merge_statistics_on_hand_made_reports(tmp_path):
     assert c["best_val_loss"]["min"] == 1.5 and c["units_half_life_ge_10"]["sd"] == 0.0
     assert "output_reach_half_life" not in c  # no logits: the figure does not apply
     assert s["trials"][2]["figures"]["perturbation_half_life"] is None  # infinite
+    assert s["conditions"][0]["unit_half_lives"] == [1.0, 1.357, 1.943, None, None, None]
     one = merge(parse_spec({"grid": {"seed": [0]}}), records[:1], tmp_path)
     assert one["conditions"][0]["figures"]["forget_gate_mean"]["sd"] is None  # n = 1
 

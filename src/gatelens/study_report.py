@@ -25,6 +25,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from .analysis.units import half_life
 from .io import atomic_write, atomic_write_json, atomic_write_text
 from .report.tables import Table, fmt
 from .study_spec import StudySpec, condition_label
@@ -96,10 +97,11 @@ def _json_figs(figs: dict[str, float]) -> dict:
 def trial_figures(record: dict, out: Path) -> dict:
     """A done trial's study.json entry: each checkpoint with its figures, and the trial's
     figures (the final checkpoint's, with best_val_loss)."""
-    cks, vocab = [], None
+    cks, vocab, per_unit = [], None, None
     for ck in record["checkpoints"]:
         report = json.loads((out / ck["report"]).read_text(encoding="utf-8"))
         vocab = (report.get("model") or {}).get("vocab_size", vocab)
+        per_unit = (report.get("units") or {}).get("per_unit")  # the last one stays
         figs = report_figures(report)
         if ck.get("val_loss") is not None:
             figs = {"val_loss": ck["val_loss"], **figs}
@@ -108,7 +110,19 @@ def trial_figures(record: dict, out: Path) -> dict:
     losses = [c["val_loss"] for c in cks if c.get("val_loss") is not None]
     if losses:
         final = {"best_val_loss": min(losses), **final}
-    return {"checkpoints": cks, "figures": final, "vocab_size": vocab}
+    return {"checkpoints": cks, "figures": final, "vocab_size": vocab,
+            "unit_keep": per_unit}
+
+
+def unit_half_lives(keeps: list[float]) -> list[float | None]:
+    """Per-unit half-lives (chars) from per-unit mean keep gates, sorted, 4 significant
+    digits; null for a unit that never halves (mean keep gate 1).
+
+    >>> unit_half_lives([0.5, 1.0, 0.25, 0.9])
+    [0.5, 1.0, 6.579, None]
+    """
+    lives = sorted(float(half_life(a)) for a in keeps)
+    return [float(f"{v:.4g}") if math.isfinite(v) else None for v in lives]
 
 
 def model_size(train: dict, vocab_size: int | None) -> dict:
@@ -162,10 +176,12 @@ def merge(spec: StudySpec, records: list[dict], out: Path) -> dict:
             at = [c["figures"] for t in done for c in t["checkpoints"] if c["step"] == s]
             over.append({"step": s, "n": len(at), "figures": _stats(at)})
         model = next((sizes[r["id"]] for r in mine if r["id"] in sizes), None)
+        keeps = [k for t in done for k in (t["unit_keep"] or [])]
         conditions.append({"condition": cond, "label": condition_label(cond), "n": len(done),
                            "n_failed": len(mine) - len(done), "model": model,
                            "figures": _stats([t["figures"] for t in done]),
-                           "over_training": over})
+                           "over_training": over,
+                           "unit_half_lives": unit_half_lives(keeps) if keeps else None})
     return {"version": 1, "engine": "ray", "figures_at": "final checkpoint (val loss: best)",
             "spec": spec.doc, "trials": trials, "conditions": conditions}
 
@@ -272,10 +288,36 @@ def plot_scatter(study: dict) -> Figure | None:
     return fig
 
 
+def plot_unit_half_lives(study: dict) -> Figure | None:
+    """Each condition's per-unit half-lives at the final checkpoint, pooled over seeds, as
+    the fraction of units whose half-life is at least x (log x; a line at 10 characters)."""
+    conds = [(k, c) for k, c in enumerate(study["conditions"]) if c.get("unit_half_lives")]
+    if not conds:
+        return None
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for k, cond in conds:
+        lives = [math.inf if v is None else v for v in cond["unit_half_lives"]]
+        n = len(lives)
+        xs = [max(v, 1e-2) for v in lives if math.isfinite(v)]
+        ys = [1 - j / n for j in range(len(xs))]  # fraction with half-life ≥ x
+        ax.step(xs, ys, where="post", color=f"C{k % 10}",
+                label=f"{cond['label']} ({n} units)")
+    ax.axvline(10, color="0.5", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("unit half-life (chars, from the unit's mean keep gate)")
+    ax.set_ylabel("fraction of units with half-life ≥ x")
+    ax.set_title("per-unit half-lives at the final checkpoint, pooled over seeds; dashed: 10",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
 def study_plots(study: dict) -> dict[str, bytes]:
     """PNG bytes by file name for every plot that has data."""
     figs = {f"over_training_{n}.png": plot_over_training(study, n) for n in OVER_TRAINING}
     figs["scatter_half_life_vs_loss.png"] = plot_scatter(study)
+    figs["unit_half_lives.png"] = plot_unit_half_lives(study)
     return {name: _png(f) for name, f in figs.items() if f is not None}
 
 
