@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -350,3 +354,79 @@ def test_modern_preset_matches_the_lstm_parameter_count(monkeypatch):
         "minlstm": (210, 2), "slstm": (296, 1)}
     for s in sizes.values():
         assert abs(s["parameters"] / 561684 - 1) < 0.007
+
+
+# --address: a real Ray cluster begun by `ray start --head` (one node, on a free port, token
+# authentication as Ray starts it), joined from another process; and the one-line error
+# when the address cannot be joined.
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    """A one-node cluster of 2 CPUs; its address; stopped (the whole process group) after."""
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    ray = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen([str(ray), "start", "--head", "--port", str(port), "--num-cpus",
+                             "2", "--include-dashboard", "false", "--block"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        for _ in range(120):  # until its GCS answers (seconds on a quiet machine)
+            up = subprocess.run([str(ray), "status", "--address", address], env=env,
+                                capture_output=True)
+            if up.returncode == 0:
+                break
+            assert head.poll() is None, "ray start --head exited"
+            time.sleep(1)
+        yield address, env
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        finally:
+            try:
+                os.killpg(head.pid, signal.SIGKILL)  # anything of it still there
+            except ProcessLookupError:
+                pass
+
+
+def test_address_runs_the_trials_on_a_running_cluster(cluster, tmp_path):
+    address, env = cluster
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(make_text(n_lines=200), encoding="utf-8")
+    spec = write_spec(tmp_path / "spec.toml", {"cell": ["lstm"], "seed": [0, 1]},
+                      {"corpus": str(corpus), **TRAIN}, ANALYSIS)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", "import sys; from gatelens.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", "study", str(spec), "--out",
+                           str(out), "--address", address, "--quiet"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    assert [t["status"] for t in study["trials"]] == ["done", "done"]
+    assert all(t["how"] == "trained" for t in study["trials"])
+    assert study["conditions"][0]["n"] == 2
+
+
+def test_an_address_it_cannot_join_is_one_line(tmp_path, monkeypatch):
+    import ray
+
+    def refuse(**kw):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379\nmore")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    spec = write_spec(tmp_path / "spec.toml", {"seed": [0]}, {**TRAIN, "corpus": "recall"})
+    with pytest.raises(GatelensError) as e:
+        run_study(spec, tmp_path / "out", address="10.0.0.9:6379", progress=False)
+    msg = str(e.value)
+    assert msg.startswith("--address 10.0.0.9:6379: could not join the Ray cluster (")
+    assert "RAY_AUTH_MODE=token" in msg and "\n" not in msg

@@ -277,7 +277,14 @@ def ray_session(workers: int | None = None, address: str | None = None) -> Itera
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\..*)?")
             kw = {"logging_level": logging.WARNING, "log_to_driver": False}
             if address:
-                ray.init(address=address, **kw)
+                try:
+                    ray.init(address=address, **kw)
+                except Exception as e:  # unreachable, refused, or a token it did not accept
+                    why = _error_line(e)[:160]
+                    raise GatelensError(
+                        f"--address {address}: could not join the Ray cluster ({why}"
+                        "); a cluster that `ray start` began with token authentication needs "
+                        "RAY_AUTH_MODE=token and its token (~/.ray/auth_token) here") from None
             else:
                 ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, **kw)
     try:
