@@ -13,6 +13,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -367,8 +368,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def cluster(tmp_path):
+@pytest.fixture(scope="module")
+def cluster():
     """A one-node cluster of 2 CPUs; its address; stopped (the whole process group) after."""
     port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
@@ -396,6 +397,28 @@ def cluster(tmp_path):
                 os.killpg(head.pid, signal.SIGKILL)  # anything of it still there
             except ProcessLookupError:
                 pass
+            _forget_cluster(port)
+
+
+def _forget_cluster(port: int) -> None:
+    """Remove Ray's note of the latest `ray start` cluster if it is ours (`ray stop` would,
+    but it stops every Ray on the machine)."""
+    note = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    if note.exists() and note.read_text().strip().endswith(f":{port}"):
+        note.unlink()
+
+
+def test_the_default_local_ray_is_new_even_beside_a_started_cluster(cluster):
+    """ray.init() with no address would join the cluster `ray start` began; the study's
+    default is a Ray of its own, with its --workers CPUs."""
+    code = ("import sys, ray; from gatelens.study import ray_session\n"
+            "with ray_session(workers=1):\n"
+            "    print(ray.cluster_resources()['CPU'], ray.get_runtime_context().gcs_address)")
+    got = subprocess.run([sys.executable, "-c", code], env=cluster[1], capture_output=True,
+                         text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    cpus, gcs = got.stdout.split()
+    assert float(cpus) == 1.0 and not gcs.endswith(cluster[0].split(":")[1])
 
 
 def test_address_runs_the_trials_on_a_running_cluster(cluster, tmp_path):
@@ -430,3 +453,17 @@ def test_an_address_it_cannot_join_is_one_line(tmp_path, monkeypatch):
     msg = str(e.value)
     assert msg.startswith("--address 10.0.0.9:6379: could not join the Ray cluster (")
     assert "RAY_AUTH_MODE=token" in msg and "\n" not in msg
+
+
+def test_a_synthetic_corpus_places_the_loss_between_its_bounds(tmp_path):
+    spec = parse_spec({"grid": {"seed": [0]}})
+    (t,) = spec.trials
+    rep = {**_report(0.5, 1.0, 2.0), "control_losses": {"memoryless_loss": 2.4,
+                                                        "best_loss": 1.8}}
+    (tmp_path / "r.json").write_text(json.dumps(rep), encoding="utf-8")
+    rec = {"id": t.id, "condition": t.condition, "seed": 0, "status": "done",
+           "checkpoints": [{"step": 2, "val_loss": 2.3, "report": "r.json"},
+                           {"step": 4, "val_loss": 2.25, "report": "r.json"}]}
+    figs = merge(spec, [rec], tmp_path)["trials"][0]["figures"]
+    assert (figs["memoryless_loss"], figs["best_possible_loss"]) == (2.4, 1.8)
+    assert figs["memory_gap_closed"] == pytest.approx((2.4 - 2.25) / (2.4 - 1.8))

@@ -286,7 +286,10 @@ def ray_session(workers: int | None = None, address: str | None = None) -> Itera
                         "); a cluster that `ray start` began with token authentication needs "
                         "RAY_AUTH_MODE=token and its token (~/.ray/auth_token) here") from None
             else:
-                ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, **kw)
+                # "local": a new Ray of our own, even where `ray start` left a cluster (which
+                # ray.init() with no address would join)
+                ray.init(address="local", num_cpus=workers or os.cpu_count(),
+                         include_dashboard=False, **kw)
     try:
         yield ray
     finally:

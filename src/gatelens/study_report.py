@@ -34,6 +34,9 @@ from .study_spec import StudySpec, condition_label
 FIGURES = {
     "best_val_loss": "best validation loss (nats/char)",
     "val_loss": "validation loss (nats/char)",
+    "memoryless_loss": "memoryless loss of the corpus (nats/char)",
+    "best_possible_loss": "best achievable loss of the corpus (nats/char)",
+    "memory_gap_closed": "share of the memoryless − best gap closed",
     "forget_gate_mean": "mean keep gate",
     "unit_half_life_median": "median unit half-life (chars)",
     "perturbation_half_life": "perturbation half-life (chars)",
@@ -97,11 +100,12 @@ def _json_figs(figs: dict[str, float]) -> dict:
 def trial_figures(record: dict, out: Path) -> dict:
     """A done trial's study.json entry: each checkpoint with its figures, and the trial's
     figures (the final checkpoint's, with best_val_loss)."""
-    cks, vocab, per_unit = [], None, None
+    cks, vocab, per_unit, control = [], None, None, None
     for ck in record["checkpoints"]:
         report = json.loads((out / ck["report"]).read_text(encoding="utf-8"))
         vocab = (report.get("model") or {}).get("vocab_size", vocab)
         per_unit = (report.get("units") or {}).get("per_unit")  # the last one stays
+        control = report.get("control_losses")
         figs = report_figures(report)
         if ck.get("val_loss") is not None:
             figs = {"val_loss": ck["val_loss"], **figs}
@@ -110,6 +114,10 @@ def trial_figures(record: dict, out: Path) -> dict:
     losses = [c["val_loss"] for c in cks if c.get("val_loss") is not None]
     if losses:
         final = {"best_val_loss": min(losses), **final}
+    if control and losses:  # a synthetic corpus: where the loss sits between its bounds
+        m, b = control["memoryless_loss"], control["best_loss"]
+        final.update(memoryless_loss=m, best_possible_loss=b,
+                     memory_gap_closed=(m - min(losses)) / (m - b))
     return {"checkpoints": cks, "figures": final, "vocab_size": vocab,
             "unit_keep": per_unit}
 
@@ -213,6 +221,44 @@ def condition_table(cond: dict) -> Table:
     return Table(["figure", "mean ± sd (n)", "min", "max", "infinite"], rows,
                  f"{cond['label']}: {cond['n']} trials{size_words(cond.get('model'))}" + (
                      f", {cond['n_failed']} failed" if cond["n_failed"] else ""))
+
+
+def _mean_sd_short(s: dict | None) -> str:
+    """'mean ± sd' to 3 figures; '∞' when all infinite, '—' when it does not apply; a
+    count of infinite values in brackets."""
+    if not s:
+        return "—"
+    if s["mean"] is None:
+        return "∞" if s["n_infinite"] else "—"
+    text = fmt(s["mean"]) + ("" if s["sd"] is None else f" ± {fmt(s['sd'], 2)}")
+    return text + (f" ({s['n_infinite']} ∞)" if s["n_infinite"] else "")
+
+
+def side_by_side_table(study: dict) -> Table:
+    """Figures as rows, conditions as columns: mean ± sd over seeds at the final checkpoint
+    (validation loss: the best), with each condition's model size first.
+
+    >>> t = side_by_side_table({"conditions": [
+    ...     {"label": "cell=lstm", "n": 2, "model": {"hidden": 4, "layers": 1,
+    ...      "parameters": 120}, "figures": {"best_val_loss": {"mean": 2.0, "sd": 0.1,
+    ...      "min": 1.9, "max": 2.1, "n_infinite": 0}}}]})
+    >>> for line in t.markdown()[2:]:
+    ...     print(line)
+    | trials | 2 |
+    | hidden × layers | 4 × 1 |
+    | parameters | 120 |
+    | best validation loss (nats/char) | 2 ± 0.1 |
+    """
+    conds = study["conditions"]
+    names = [n for n in FIGURES if n != "val_loss" and any(n in c["figures"] for c in conds)]
+    size = [c.get("model") or {} for c in conds]
+    rows = [["trials", *(c["n"] for c in conds)],
+            ["hidden × layers", *(f"{m['hidden']} × {m['layers']}" if m else "—" for m in size)],
+            ["parameters", *(m.get("parameters") for m in size)]]
+    rows += [[FIGURES[n], *(_mean_sd_short(c["figures"].get(n)) for c in conds)]
+             for n in names]
+    return Table(["", *(c["label"] for c in conds)], rows,
+                 "Side by side: mean ± sd over seeds")
 
 
 def trials_table(study: dict) -> Table:
@@ -333,7 +379,8 @@ def render_markdown(study: dict, plots: list[str]) -> str:
              "f* = f/(f + i), sLSTM κ.", ""]
     if bad:
         lines += ["## Failed trials", ""] + [f"- `{t['id']}`: {t['error']}" for t in bad] + [""]
-    lines += ["## Conditions", ""]
+    lines += ["## Side by side", "", *side_by_side_table(study).markdown(), "",
+              "## Conditions", ""]
     for cond in study["conditions"]:
         t = condition_table(cond)
         lines += [f"### {cond['label']}", "", f"{cond['n']} trials"
@@ -363,7 +410,7 @@ def render_html(study: dict, plots: dict[str, bytes]) -> str:
         parts.append("<h2>Failed trials</h2><ul>" + "".join(
             f"<li><code>{escape(t['id'])}</code>: {escape(str(t['error']))}</li>" for t in bad)
             + "</ul>")
-    parts.append("<h2>Conditions</h2>")
+    parts += ["<h2>Side by side</h2>", side_by_side_table(study).html(), "<h2>Conditions</h2>"]
     parts += [condition_table(c).html() for c in study["conditions"]]
     parts.append("<h2>Over training and across conditions</h2>")
     parts += [f"<figure><img alt='{escape(name)}' src='data:image/png;base64,"
