@@ -125,6 +125,24 @@ def test_parallel_scan_matches_sequential_step(cell, dtype, tol):
 
 
 @pytest.mark.parametrize("cell", ["mingru", "minlstm"])
+def test_forward_takes_the_scan_its_mode_names(cell):
+    """On CPU "auto" is the sequential step; "parallel" forces the scan; both train."""
+    m = _make(cell, layers=2)
+    x = torch.randn(3, 40, 5, requires_grad=True)
+    seq, _, _ = m.run(x, parallel=False)
+    par, _, _ = m.run(x, parallel=True)
+    assert not torch.equal(seq, par)  # two algorithms: they differ in rounding
+    assert m.scan_mode == "auto" and torch.equal(m(x)[0], seq)
+    m.scan_mode = "parallel"
+    assert torch.equal(m(x)[0], par)
+    m.scan_mode = "sequential"
+    out = m(x)[0]
+    assert torch.equal(out, seq)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("cell", ["mingru", "minlstm"])
 def test_forget_path_is_exact_in_one_layer_only(cell):
     """No return path inside one layer: r(k) = a(k) at every lag; two layers part."""
     ids = torch.randint(0, 5, (4, 48), generator=torch.Generator().manual_seed(0))

@@ -4,8 +4,9 @@ Each module takes PyTorch's recurrent calling convention, batch first:
 ``forward(x (B, T, F), state=None) -> (out (B, T, H), state)``; ``state`` is h (L, B, H)
 for minGRU and minLSTM and the tuple (h, c, n, m) of (L, B, H) tensors for sLSTM (m the
 stabiliser). ``trace(x, state)`` returns a Trace (trace_types.py) computed by the
-sequential step, the reference; minGRU/minLSTM train with the parallel scan
-(modern_scan.py). docs/methods.md, "The cells", gives the equations.
+sequential step, the reference; minGRU/minLSTM's forward takes the parallel scan
+(modern_scan.py) on CUDA and the sequential step on CPU, where one thread runs it 1.3–1.7×
+faster (``scan_mode``). docs/methods.md, "The cells", gives the equations.
 
 The language-model block (Feng et al. 2024 stack their cells the same way; Beck et al.
 2024 likewise around sLSTM): layer 0's cell reads x itself and y_0 = h_0 + MLP(LN(h_0));
@@ -117,8 +118,14 @@ class ModernRNN(nn.Module, abc.ABC):
                 sig[f"layer{k}.y"] = below
         return below, self._pack(finals), sig
 
+    #: minGRU/minLSTM's forward: "parallel" (the scan), "sequential", or "auto": the scan
+    #: on CUDA, the sequential step on CPU, where it is the faster (BENCHMARKS.md)
+    scan_mode = "auto"
+
     def forward(self, x: Tensor, state: State = None) -> tuple[Tensor, State]:
-        out, final, _ = self.run(x, state, parallel=True)
+        mode = self.scan_mode
+        out, final, _ = self.run(x, state, parallel=mode == "parallel" or (
+            mode == "auto" and x.is_cuda))
         return out, final  # (B, T, H)
 
     @abc.abstractmethod

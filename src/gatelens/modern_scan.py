@@ -31,8 +31,8 @@ def scan_sequential(a: Tensor, b: Tensor, h0: Tensor) -> Tensor:
              [1.7500]]])
     """
     h, out = h0, []
-    for t in range(a.shape[1]):
-        h = a[:, t] * h + b[:, t]  # (B, H)
+    for a_t, b_t in zip(a.unbind(1), b.unbind(1), strict=True):  # one backward per input
+        h = a_t * h + b_t  # (B, H)
         out.append(h)
     return torch.stack(out, dim=1)  # (B, T, H)
 
