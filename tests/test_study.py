@@ -93,9 +93,11 @@ def test_two_by_two_study_runs_and_its_figures_are_the_trials_reports(study):
             assert {k: v for k, v in c["figures"].items() if k != "val_loss"} == \
                 _nulls(report_figures(rep))
         figs = t["figures"]
-        assert {k: v for k, v in figs.items() if k not in ("val_loss", "best_val_loss")} == \
+        assert {k: v for k, v in figs.items()
+                if k not in ("val_loss", "best_val_loss", "best_step")} == \
             _nulls(report_figures(_final_report(res.out, t)))
         assert figs["best_val_loss"] == min(c["val_loss"] for c in t["checkpoints"])
+        assert figs["best_step"] == min(t["checkpoints"], key=lambda c: c["val_loss"])["step"]
         assert (res.out / t["run"] / "checkpoints" / "step-000002.safetensors").exists()
     lstm = s["conditions"][0]
     assert lstm["condition"] == {"cell": "lstm"} and lstm["n"] == 2

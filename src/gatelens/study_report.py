@@ -33,6 +33,7 @@ from .study_spec import StudySpec, condition_label
 #: figure name -> its label; the order of tables and plots.
 FIGURES = {
     "best_val_loss": "best validation loss (nats/char)",
+    "best_step": "step of the best validation loss",
     "val_loss": "validation loss (nats/char)",
     "memoryless_loss": "memoryless loss of the corpus (nats/char)",
     "best_possible_loss": "best achievable loss of the corpus (nats/char)",
@@ -111,9 +112,11 @@ def trial_figures(record: dict, out: Path) -> dict:
             figs = {"val_loss": ck["val_loss"], **figs}
         cks.append({**ck, "figures": figs})
     final = dict(cks[-1]["figures"]) if cks else {}
-    losses = [c["val_loss"] for c in cks if c.get("val_loss") is not None]
+    losses = [(c["val_loss"], c["step"]) for c in cks if c.get("val_loss") is not None]
     if losses:
-        final = {"best_val_loss": min(losses), **final}
+        best = min(losses)  # the earlier step on a tie
+        final = {"best_val_loss": best[0], "best_step": best[1], **final}
+        losses = [v for v, _ in losses]
     if control and losses:  # a synthetic corpus: where the loss sits between its bounds
         m, b = control["memoryless_loss"], control["best_loss"]
         final.update(memoryless_loss=m, best_possible_loss=b,
