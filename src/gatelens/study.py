@@ -155,6 +155,8 @@ def _finished_trials(dirs: Iterable[str | Path]) -> dict[str, Path]:
         if not (d / TRIALS).is_dir():
             raise GatelensError(f"--reuse {d}: not a study directory (no {TRIALS}/ in it)")
         for path in sorted((d / TRIALS).glob("*/trial.json")):
+            if path.parent.name.startswith("."):  # a copy under way or interrupted
+                continue
             rec = _read_record(path)
             if rec and rec.get("status") == "done" and isinstance(rec.get("spec"), dict):
                 found.setdefault(_settings_key(rec["spec"]), path.parent)
