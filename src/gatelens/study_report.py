@@ -408,7 +408,9 @@ def render_html(study: dict, plots: dict[str, bytes]) -> str:
              "<title>gatelens study</title>", f"<style>{CSS}</style></head><body>",
              "<h1>Study</h1>", f"<p>{n} trials, {n - len(bad)} done, {len(bad)} failed. "
              "Figures at each trial's final checkpoint (validation loss: its best); mean ± "
-             "sample sd (n finite values) over seeds; infinite half-lives counted apart.</p>"]
+             "sample sd (n finite values) over seeds; infinite half-lives counted apart. The "
+             "keep gate is the one that scales the carried state: LSTM f, GRU z, minGRU "
+             "1 − z, minLSTM f* = f/(f + i), sLSTM κ.</p>"]
     if bad:
         parts.append("<h2>Failed trials</h2><ul>" + "".join(
             f"<li><code>{escape(t['id'])}</code>: {escape(str(t['error']))}</li>" for t in bad)
