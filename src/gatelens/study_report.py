@@ -197,12 +197,17 @@ def merge(spec: StudySpec, records: list[dict], out: Path) -> dict:
             "spec": spec.doc, "trials": trials, "conditions": conditions}
 
 
-def _mean_sd(s: dict, n: int) -> str:
-    """'mean ± sd (n finite)'; ∞ when every value is infinite."""
+def _mean_sd(s: dict | None, n: int | None = None, sd_digits: int = 3) -> str:
+    """'mean ± sd', then with ``n`` the count of finite values in brackets, else a count of
+    infinite ones; '∞' when every value is infinite, '—' when the figure does not apply."""
+    if not s:
+        return "—"
     if s["mean"] is None:
         return "∞" if s["n_infinite"] else "—"
-    sd = "" if s["sd"] is None else f" ± {fmt(s['sd'])}"
-    return f"{fmt(s['mean'])}{sd} ({n - s['n_infinite']})"
+    text = fmt(s["mean"]) + ("" if s["sd"] is None else f" ± {fmt(s['sd'], sd_digits)}")
+    if n is not None:
+        return f"{text} ({n - s['n_infinite']})"
+    return text + (f" ({s['n_infinite']} ∞)" if s["n_infinite"] else "")
 
 
 def size_words(m: dict | None) -> str:
@@ -226,17 +231,6 @@ def condition_table(cond: dict) -> Table:
                      f", {cond['n_failed']} failed" if cond["n_failed"] else ""))
 
 
-def _mean_sd_short(s: dict | None) -> str:
-    """'mean ± sd' to 3 figures; '∞' when all infinite, '—' when it does not apply; a
-    count of infinite values in brackets."""
-    if not s:
-        return "—"
-    if s["mean"] is None:
-        return "∞" if s["n_infinite"] else "—"
-    text = fmt(s["mean"]) + ("" if s["sd"] is None else f" ± {fmt(s['sd'], 2)}")
-    return text + (f" ({s['n_infinite']} ∞)" if s["n_infinite"] else "")
-
-
 def side_by_side_table(study: dict) -> Table:
     """Figures as rows, conditions as columns: mean ± sd over seeds at the final checkpoint
     (validation loss: the best), with each condition's model size first.
@@ -258,7 +252,7 @@ def side_by_side_table(study: dict) -> Table:
     rows = [["trials", *(c["n"] for c in conds)],
             ["hidden × layers", *(f"{m['hidden']} × {m['layers']}" if m else "—" for m in size)],
             ["parameters", *(m.get("parameters") for m in size)]]
-    rows += [[FIGURES[n], *(_mean_sd_short(c["figures"].get(n)) for c in conds)]
+    rows += [[FIGURES[n], *(_mean_sd(c["figures"].get(n), sd_digits=2) for c in conds)]
              for n in names]
     return Table(["", *(c["label"] for c in conds)], rows,
                  "Side by side: mean ± sd over seeds")
