@@ -233,3 +233,17 @@ def test_keep_bias_sets_the_keep_gate():
             model.rnn.proj[0].weight.zero_()
         tr = model.rnn.trace(torch.zeros(1, 2, 4))
         assert torch.allclose(tr["layer0.keep"], torch.full((1, 2, 3), 1 / (1 + math.exp(-2))))
+
+
+def test_minlstm_keep_gate_is_finite_where_f_and_i_underflow():
+    """f/(f + i) is 0/0 in float32 when both pre-activations are below about −104; f* is
+    computed as σ(ln σ(f̃) − ln σ(ĩ)), the same number, finite there."""
+    m = MinLSTM(3, 4)
+    with torch.no_grad():
+        m.bias_of(0, "f").fill_(-200.0)
+        m.bias_of(0, "i").fill_(-201.0)
+    tr = m.trace(torch.zeros(2, 5, 3))
+    assert (tr["layer0.f"] == 0).all() and (tr["layer0.i"] == 0).all()
+    expect = 1 / (1 + math.exp(-1.0))  # σ(f̃) / (σ(f̃) + σ(ĩ)) → e^f̃ / (e^f̃ + e^ĩ) = σ(1)
+    assert torch.allclose(tr["layer0.keep"], torch.full_like(tr["layer0.keep"], expect))
+    assert torch.isfinite(m(torch.zeros(2, 5, 3))[0]).all()
