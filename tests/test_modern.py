@@ -29,8 +29,9 @@ def _block(m, k, h, below):
     return u + v @ lin2.weight.double().T + lin2.bias.double()
 
 
-def _reference(m, x):
-    """Every signal of every layer, float64, one step at a time (docs/methods.md)."""
+def _reference(m, x, m0: float = -math.inf):
+    """Every signal of every layer, float64, one step at a time (docs/methods.md); sLSTM's
+    stabiliser starts at ``m0`` (the module's is −∞ for the empty zero state)."""
     x = x.double()
     H, out, below = m.hidden_size, {}, None
     for k in range(m.num_layers):
@@ -44,7 +45,8 @@ def _reference(m, x):
         sig = {}
         h = torch.zeros(B, H, dtype=torch.float64)
         if m.cell == "slstm":
-            c, nn_, mm = (torch.zeros(B, H, dtype=torch.float64) for _ in range(3))
+            c, nn_ = (torch.zeros(B, H, dtype=torch.float64) for _ in range(2))
+            mm = torch.full((B, H), m0, dtype=torch.float64)
             R = torch.block_diag  # R h: one (4·d × d) block per head
             Rk = m.R[k].double()  # (4, heads, d, d)
         rows = []
@@ -247,3 +249,42 @@ def test_minlstm_keep_gate_is_finite_where_f_and_i_underflow():
     expect = 1 / (1 + math.exp(-1.0))  # σ(f̃) / (σ(f̃) + σ(ĩ)) → e^f̃ / (e^f̃ + e^ĩ) = σ(1)
     assert torch.allclose(tr["layer0.keep"], torch.full_like(tr["layer0.keep"], expect))
     assert torch.isfinite(m(torch.zeros(2, 5, 3))[0]).all()
+
+
+def test_slstm_zero_state_is_finite_where_the_input_gate_underflows():
+    """From the zero state, m₀ = 0 made i₁ = exp(ĩ₁ − max(ln σ(f̃₁), ĩ₁)) underflow to 0 in
+    float32 when ĩ₁ ≪ ln σ(f̃₁), so c₁/n₁ = 0/0. The empty state enters with m = −∞ instead;
+    the scale-free signals (h, s, κ) must equal the float64 reference with the old m₀ = 0,
+    which does not underflow here: h does not depend on m₀."""
+    m = _make("slstm")
+    with torch.no_grad():
+        m.bias_of(0, "i").fill_(-200.0)
+    x = torch.randn(3, 12, 5)
+    tr = m.trace(x)
+    ref = _reference(m.double(), x, m0=0.0)
+    m.float()
+    for name in ("h", "s", "kappa", "y"):
+        got = tr[f"layer0.{name}"]
+        assert torch.isfinite(got).all(), name
+        assert (got.double() - ref[f"layer0.{name}"]).abs().max() < 1e-5, name
+    L0 = tr.layer(0)
+    assert (L0["m"][:, 0] == m.proj[0](x)[:, 0].chunk(4, -1)[1]).all()  # m₁ = ĩ₁
+    assert (L0["i"][:, 0] == 1).all() and (L0["f"][:, 0] == 0).all()
+    assert (L0["kappa"][:, 0] == 0).all()  # nothing kept from an empty state
+    assert torch.isfinite(m(x)[0]).all()
+
+
+def test_slstm_weights_times_16_stay_finite():
+    """A chaotic sLSTM (every weight ×16) from the zero state: its forward, its trace and
+    verify are finite, and the trace is the module's own trajectory."""
+    m = _make("slstm", layers=2)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(16)
+    x = torch.randn(4, 40, 5)
+    out, _ = m(x)
+    assert torch.isfinite(out).all()
+    tr = m.trace(x)
+    assert all(torch.isfinite(v).all() for _, v in tr.items())
+    res = verify(m, x, trace=tr)
+    assert res.passed, res.summary()

@@ -18,7 +18,8 @@ position-wise map only) and depth gives the nonlinearity between cells.
 Trace letters per layer (cellspec.py), besides ``y`` (the block's output):
 minGRU z, cand (h̃), keep (1 − z), h; minLSTM f, i, cand, keep (f* = f/(f + i)), h;
 sLSTM z, i, f, o (i and f stabilised: i = exp(ĩ − m'), f = exp(ln σ(f̃) + m − m')), c, n,
-m, kappa (κ = f ⊙ n / n'), s (= c/n), h.
+m, kappa (κ = f ⊙ n / n'), s (= c/n), h. An empty state (n = 0, as in the zero state)
+enters with m = −∞, so its first step has m = ĩ, i = 1 and f = 0.
 
 >>> import torch
 >>> cell = MinGRU(3, 4, num_layers=2)
@@ -228,6 +229,10 @@ class SLSTM(ModernRNN):
     def layer(self, k, inp, init, parallel):
         pre_x = self.proj[k](inp)  # (B, T, 4H)
         h, c, n, m = init
+        # An empty state (n = 0) carries nothing for the stabiliser to keep in range, so its
+        # m is −∞ and m₁ = ĩ₁: h is the same for any m₀ (c and n are 0), but m₀ = 0 lets i₁
+        # underflow to 0 when ĩ₁ ≪ ln σ(f̃₁) and c₁/n₁ is 0/0 (weights ×16 did it).
+        m = torch.where(n > 0, m, torch.full_like(m, -math.inf))
         names = ("z", "i", "f", "o", "c", "n", "m", "kappa", "s", "h")
         out: dict[str, list[Tensor]] = {name: [] for name in names}
         for x_t in pre_x.unbind(1):  # one backward for all steps (pre_x[:, t] costs O(T²))
