@@ -288,3 +288,40 @@ def test_slstm_weights_times_16_stay_finite():
     assert all(torch.isfinite(v).all() for _, v in tr.items())
     res = verify(m, x, trace=tr)
     assert res.passed, res.summary()
+
+
+@pytest.mark.parametrize("cell", ["mingru", "minlstm"])
+def test_verify_judges_unbounded_h_by_its_scale(cell):
+    """Weights ×16 put h in the hundreds and y in the thousands: the scan and the step then
+    part by ~1e-3 absolutely, which is float32 rounding of terms that large. The verdict
+    (each layer's step fed the scan's own input) is judged scaled by the unit's largest
+    |value| in the window and passes; a trace of other inputs, or a step that is wrong by
+    1e-4 of that scale, fails."""
+    m = _make(cell, layers=2, H=16)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(16)
+    x = torch.randn(4, 64, 5)
+    res = verify(m, x, trace=m.trace(x))
+    assert float(m.trace(x)["layer1.y"].abs().max()) > 100
+    assert res.max_abs_diff_h > 1e-5  # absolute rounding at this scale
+    assert res.one_step_max_scaled_diff_h < 1e-5 and res.passed, res.explain()
+    assert "parallel form (passed)" in res.explain()
+    assert res.to_report()["one_step_max_scaled_diff_h"] == res.one_step_max_scaled_diff_h
+    other = verify(m, x, trace=m.trace(x + 0.01))
+    assert not other.passed and other.trace_max_scaled_diff_h > 1e-3
+    assert "not the module's trajectory (FAILED)" in other.explain()
+
+    layer = type(m).layer
+
+    def wrong(self, k, inp, init, parallel):  # the step 1e-4 off, relative to h's scale
+        sig, final = layer(self, k, inp, init, parallel)
+        if not parallel:
+            bump = 1e-4 * sig["h"].abs().amax(dim=1, keepdim=True)
+            sig = {**sig, "h": sig["h"] + bump}
+        return sig, final
+
+    m.layer = wrong.__get__(m)
+    bad = verify(m, x)
+    assert not bad.passed and 5e-5 < bad.one_step_max_scaled_diff_h, bad.explain()
+    assert "(FAILED)" in bad.explain()

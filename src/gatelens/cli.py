@@ -105,6 +105,8 @@ def _cmd_verify(args) -> int:
         c = "" if d.max_abs_diff_c is None else (
             f"  max |c_hand - c_torch| {d.max_abs_diff_c:.3g}"
             f" (/max(1,|c|): {d.max_scaled_diff_c:.3g})")
+        if d.max_scaled_diff_h is not None:  # modern cells: h and y unbounded
+            c += f" (h and y scaled by the unit's largest |value|: {d.max_scaled_diff_h:.3g})"
         print(f"  {name}: {kind} max |h_hand - h_torch| {d.max_abs_diff_h:.3g}{c}; "
               f"free-running {free.max_abs_diff_h:.3g}")
     print(res.explain())

@@ -12,6 +12,9 @@ Two figures, always together:
 
 h lies in (−1, 1) and is judged absolutely; c is unbounded and is judged by
 |Δc| / max(1, |c|) (absolute below 1, relative above); the absolute figure is reported too.
+The modern cells' h (minGRU and minLSTM: a mix of linear candidates) and their blocks'
+output y are unbounded like c, so they are judged by the same scaled rule; on h within
+(−1, 1) it is the absolute rule.
 A trace handed to ``verify`` is checked against the module's own output as well: a trace
 must describe the trajectory the module took.
 
@@ -40,8 +43,9 @@ VERIFY_TOL = 1e-5
 
 
 def passes(diff_h: float, diff_c: float | None, tol: float = VERIFY_TOL) -> bool:
-    """The verification rule: |Δh| ≤ tol, and c's difference (scaled by max(1, |c|), see the
-    module docstring; None without a cell state) ≤ tol.
+    """The verification rule: h's difference ≤ tol (absolute, or scaled by max(1, |h|) for
+    the modern cells), and c's difference (scaled by max(1, |c|), see the module docstring;
+    None without a cell state) ≤ tol.
 
     >>> passes(1e-7, None), passes(1e-7, 2e-5), passes(2e-5, None)
     (True, False, False)
@@ -58,6 +62,7 @@ class LayerDiff:
     max_abs_diff_h: float  # over every window, position and unit, and h_n
     max_abs_diff_c: float | None  # final c_n (LSTM only)
     max_scaled_diff_c: float | None = None  # max |Δc| / max(1, |c_torch|) (LSTM only)
+    max_scaled_diff_h: float | None = None  # max |Δh| / max(1, |h|) (modern cells: h and y)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,17 @@ class VerifyResult:
     trace_max_scaled_diff_c: float | None = None
     tol: float = VERIFY_TOL
     meta: dict = field(default_factory=dict)
+    #: Modern cells only (h and y unbounded): max |Δ| / max(1, |reference|), what h is
+    #: judged by there; the same figure for one-step, free-running and a given trace.
+    one_step_max_scaled_diff_h: float | None = None
+    trace_max_scaled_diff_h: float | None = None  # a given trace, the same rule
+
+    @property
+    def judged_diff_h(self) -> float:
+        """What h is judged by: the scaled figure where h is unbounded, else absolute."""
+        if self.one_step_max_scaled_diff_h is not None:
+            return self.one_step_max_scaled_diff_h
+        return self.max_abs_diff_h
 
     @property
     def max_abs_diff_h(self) -> float:
@@ -96,10 +112,17 @@ class VerifyResult:
     def passed(self) -> bool:
         """The one-step error within ``tol`` (h absolutely, c scaled by max(1, |c|)), and a
         given trace on the module's trajectory by the same rule."""
-        ok = passes(self.max_abs_diff_h, self.max_scaled_diff_c, self.tol)
+        ok = passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol)
         if self.trace_max_abs_diff_h is not None:
-            ok = ok and passes(self.trace_max_abs_diff_h, self.trace_max_scaled_diff_c, self.tol)
+            ok = ok and passes(self._trace_h, self.trace_max_scaled_diff_c, self.tol)
         return ok
+
+    @property
+    def _trace_h(self) -> float:
+        """A given trace's h difference as judged (modern cells: the scaled figure)."""
+        if self.trace_max_scaled_diff_h is not None:
+            return self.trace_max_scaled_diff_h
+        return self.trace_max_abs_diff_h
 
     @property
     def chaotic(self) -> bool:
@@ -118,6 +141,8 @@ class VerifyResult:
                        f"{'<=' if self.passed else '>'} {self.tol:g} (packed input: the "
                        f"one-step check is not defined)")
             return verdict + (" (passed)." if self.passed else " (FAILED).")
+        if self.one_step_max_scaled_diff_h is not None:
+            return self._explain_modern()
         c = "" if self.max_scaled_diff_c is None else (
             f", c {self.max_scaled_diff_c:.3g} scaled by max(1, |c|)")
         ok = self.passes_one_step
@@ -134,14 +159,39 @@ class VerifyResult:
             out += (f" Free-running divergence {fr:.3g}: the step-by-step re-run stays on the "
                     "module's trajectory (contracting on this text).")
         if self.trace_max_abs_diff_h is not None and not passes(
-                self.trace_max_abs_diff_h, self.trace_max_scaled_diff_c, self.tol):
+                self._trace_h, self.trace_max_scaled_diff_c, self.tol):
             out += (f" The trace given differs from the module's own states by "
                     f"{self.trace_max_abs_diff_h:.3g}: it is not the module's trajectory (FAILED).")
         return out
 
+    def _explain_modern(self) -> str:
+        """explain() for gatelens's own cells, whose reference is their parallel form.
+
+        >>> r = VerifyResult("mingru", [], 7e-4, None, None, 2e-3,
+        ...                  one_step_max_scaled_diff_h=3e-7)
+        >>> r.explain().startswith("one-step error 3e-07 (h and y scaled")
+        True
+        """
+        ok = self.passes_one_step
+        out = (f"one-step error {self.one_step_max_scaled_diff_h:.3g} (h and y scaled by each "
+               f"unit's largest |value| in the window, as they are unbounded; absolute "
+               f"{self.max_abs_diff_h:.3g}) {'<=' if ok else '>'} {self.tol:g}: "
+               + ("each layer's step computes the cell's parallel form (passed)." if ok else
+                  "the step does not compute the cell's parallel form (FAILED)."))
+        out += (f" Free-running difference {self.free_running_max_abs_diff_h:.3g} (absolute) "
+                "between the whole sequential stack and the parallel form: rounding carried up "
+                "through the layers, not an error by itself.")
+        if self.trace_max_abs_diff_h is not None:
+            ok = passes(self._trace_h, None, self.tol)
+            out += (f" The trace given differs from the trajectory of the module's forward by "
+                    f"{self._trace_h:.3g} scaled" + (" (passed)." if ok else
+                                                     ": it is not the module's trajectory "
+                                                     "(FAILED)."))
+        return out
+
     @property
     def passes_one_step(self) -> bool:
-        return passes(self.max_abs_diff_h, self.max_scaled_diff_c, self.tol)
+        return passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol)
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (``passed`` included)."""
@@ -156,6 +206,7 @@ class VerifyResult:
         return {"one_step_max_abs_diff_h": self.one_step_max_abs_diff_h,
                 "one_step_max_abs_diff_c": self.one_step_max_abs_diff_c,
                 "one_step_max_scaled_diff_c": self.one_step_max_scaled_diff_c,
+                "one_step_max_scaled_diff_h": self.one_step_max_scaled_diff_h,
                 "free_running_max_abs_diff_h": self.free_running_max_abs_diff_h,
                 "tolerance": self.tol, "passed": self.passed}
 
@@ -257,28 +308,78 @@ def _maxdiff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
     return float(diff.max())
 
 
+def _scale(ref: Tensor) -> Tensor:
+    """max(1, max_t |ref|) per window and unit: (B, T, H) -> (B, 1, H)."""
+    return ref.double().abs().amax(dim=1, keepdim=True).clamp(min=1.0)
+
+
+def _scaled_diff(a: Tensor, b: Tensor, scale: Tensor) -> float:
+    """max |a − b| / scale (the modern cells' rule: the unit's largest |value| in the window,
+    at least 1, since the scan's rounding grows with the terms it sums, not with h_t)."""
+    if not a.numel():
+        return 0.0
+    return float(((a.double() - b.double()).abs() / scale).max())
+
+
 def verify_modern(module: nn.Module, inputs: Tensor, state: State = None,
                   trace: Trace | None = None, tol: float = VERIFY_TOL) -> VerifyResult:
-    """A gatelens cell (modern.py): its traced h and y (the sequential step) against its own
-    forward pass (the parallel scan for minGRU/minLSTM), every layer, step and h_n. The
-    cell is its own reference, so the one-step and free-running figures are the same.
+    """A gatelens cell (modern.py) against its own forward pass in the parallel form (the
+    scan for minGRU/minLSTM; sLSTM has only the sequential step).
+
+    - One-step error (the verdict): each layer's sequential step, fed the scan's own input
+      to that layer (x, or LN of the scan's y below), against the scan's h, y and h_n.
+    - Free-running: the whole sequential stack (the trace) against the scan.
+    - A given trace: against the trajectory the module's forward takes (``scan_mode``: the
+      sequential step on CPU, the scan on CUDA), every layer's h and y, and h_n.
+
+    h and y are unbounded here, so each difference is judged scaled by the unit's largest
+    |value| in the window, at least 1 (``_scale``); the absolute figures are reported too.
 
     >>> import torch
     >>> from gatelens.modern import MinGRU
     >>> verify(MinGRU(3, 4, num_layers=2), torch.randn(2, 6, 3)).passed
     True
     """
-    mine = trace if trace is not None else module.trace(inputs, state)
+    L = module.num_layers
+    mine = module.trace(inputs, state)  # the sequential stack, free-running
     with torch.no_grad():
         out, final, sig = module.run(inputs, state, parallel=True, signals=True)
-    h_n = final if isinstance(final, Tensor) else final[0]  # (L, B, H)
-    layers = []
-    for k in range(module.num_layers):
-        diff = max(_maxdiff(mine[f"layer{k}.{s}"], sig[f"layer{k}.{s}"]) for s in ("h", "y"))
-        layers.append(LayerDiff(k, False, max(diff, _maxdiff(mine.h_n[k], h_n[k])), None))
-    diff = max(max(x.max_abs_diff_h for x in layers), _maxdiff(mine[f"layer{k}.y"], out))
-    return VerifyResult(cell=module.cell, layers=layers, one_step_max_abs_diff_h=diff,
-                        one_step_max_abs_diff_c=None, one_step_max_scaled_diff_c=None,
-                        free_running_max_abs_diff_h=diff, free_running_layers=layers,
-                        trace_max_abs_diff_h=None if trace is None else diff, tol=tol,
-                        meta={"dtype": str(module.weight_ih_l0.dtype)})
+        init = module._states(state, inputs)
+        one = []
+        for k in range(L):
+            below = None if k == 0 else sig[f"layer{k - 1}.y"]  # the scan's own input
+            inp = inputs if k == 0 else module.norm_in[k - 1](below)
+            step, fin = module.layer(k, inp, init[k], parallel=False)
+            y = module.block(k, step["h"], below)
+            one.append(_modern_layer(k, {"h": step["h"], "y": y}, fin[0], sig, final))
+    free = [_modern_layer(k, {s: mine[f"layer{k}.{s}"] for s in ("h", "y")}, mine.h_n[k],
+                          sig, final) for k in range(L)]
+    given = None
+    if trace is not None:
+        cuda, mode = inputs.is_cuda, getattr(module, "scan_mode", "auto")
+        ref, ref_final = (sig, final) if mode == "parallel" or (mode == "auto" and cuda) \
+            else (dict(mine), mine.h_n)
+        given = [_modern_layer(k, {s: trace[f"layer{k}.{s}"] for s in ("h", "y")},
+                               trace.h_n[k], ref, ref_final) for k in range(L)]
+    return VerifyResult(
+        cell=module.cell, layers=one,
+        one_step_max_abs_diff_h=max(x.max_abs_diff_h for x in one),
+        one_step_max_abs_diff_c=None, one_step_max_scaled_diff_c=None,
+        free_running_max_abs_diff_h=max(x.max_abs_diff_h for x in free),
+        free_running_layers=free,
+        trace_max_abs_diff_h=None if given is None else max(x.max_abs_diff_h for x in given),
+        tol=tol, meta={"dtype": str(module.weight_ih_l0.dtype)},
+        one_step_max_scaled_diff_h=max(x.max_scaled_diff_h for x in one),
+        trace_max_scaled_diff_h=None if given is None else max(
+            x.max_scaled_diff_h for x in given))
+
+
+def _modern_layer(k: int, got: dict[str, Tensor], got_final: Tensor, ref: dict[str, Tensor],
+                  ref_final: State) -> LayerDiff:
+    """One layer's h, y and final h against a reference trajectory: absolute and scaled."""
+    h_n = (ref_final if isinstance(ref_final, Tensor) else ref_final[0])[k]  # (B, H)
+    h, y = ref[f"layer{k}.h"], ref[f"layer{k}.y"]  # (B, T, H)
+    pairs = [(got["h"], h, _scale(h)), (got["y"], y, _scale(y)),
+             (got_final, h_n, _scale(h)[:, 0])]
+    return LayerDiff(k, False, max(_maxdiff(a, b) for a, b, _ in pairs), None,
+                     max_scaled_diff_h=max(_scaled_diff(*p) for p in pairs))

@@ -174,6 +174,8 @@ def verification_table(report: dict) -> Table | None:
     rows = [["one-step error, h (pass/fail)", v.get("one_step_max_abs_diff_h")],
             ["one-step error, c", v.get("one_step_max_abs_diff_c")],
             ["one-step error, c / max(1, |c|)", v.get("one_step_max_scaled_diff_c")],
+            ["one-step error, h and y scaled (modern cells)",
+             v.get("one_step_max_scaled_diff_h")],
             ["free-running divergence, h (the model's)", v.get("free_running_max_abs_diff_h")],
             ["tolerance", v.get("tolerance")], ["passed", v.get("passed")]]
     return Table(["figure", "value"], rows, "Verification")
