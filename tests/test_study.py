@@ -469,3 +469,37 @@ def test_a_synthetic_corpus_places_the_loss_between_its_bounds(tmp_path):
     figs = merge(spec, [rec], tmp_path)["trials"][0]["figures"]
     assert (figs["memoryless_loss"], figs["best_possible_loss"]) == (2.4, 1.8)
     assert figs["memory_gap_closed"] == pytest.approx((2.4 - 2.25) / (2.4 - 1.8))
+
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+
+
+@pytest.mark.parametrize("name", ["cells", "dynamics", "forget-bias", "long-memory", "modern"])
+def test_committed_studies_render_as_committed(name):
+    """studies/NAME: study.md and the plots' names are what today's renderer makes of the
+    committed study.json, so the README's tables and the files cannot drift apart. (The
+    PNGs' bytes depend on matplotlib's version, so they are only checked to be images.)"""
+    from gatelens.study_report import render_markdown, study_plots
+
+    d = STUDIES / name
+    study = json.loads((d / "study.json").read_text())
+    plots = study_plots(study)
+    assert sorted(plots) == sorted(p.name for p in (d / "plots").iterdir())
+    assert render_markdown(study, list(plots)) == (d / "study.md").read_text()
+    for file in plots:
+        assert (d / "plots" / file).read_bytes().startswith(b"\x89PNG"), file
+
+
+def test_many_conditions_put_the_legend_beside_the_axes():
+    """Ten conditions (forget-bias) would cover the lines; the legend goes to the right."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from gatelens.study_report import plot_over_training
+
+    for name, outside in (("forget-bias", True), ("cells", False)):
+        study = json.loads((STUDIES / name / "study.json").read_text())
+        fig = plot_over_training(study, "perturbation_half_life")
+        FigureCanvasAgg(fig).draw()
+        ax = fig.axes[0]
+        right_of_axes = ax.get_legend().get_window_extent().x0 > ax.get_window_extent().x1
+        assert right_of_axes == outside, name

@@ -275,6 +275,17 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _legend(fig: Figure, ax, n: int) -> None:
+    """Up to 5 conditions inside the axes; more to the right of them, where they cover no
+    line (the figure widens to make room)."""
+    if n <= 5:
+        ax.legend(fontsize=7)
+        return
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w + 2.6, h)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
 def plot_over_training(study: dict, name: str) -> Figure | None:
     """One figure over training steps: per condition the mean over seeds and a min–max band."""
     fig = Figure(figsize=(7, 3.6))
@@ -296,7 +307,7 @@ def plot_over_training(study: dict, name: str) -> Figure | None:
     ax.set_xlabel("training step")
     ax.set_ylabel(FIGURES[name])
     ax.set_title(f"{FIGURES[name]}: mean over seeds, band min–max (finite values)", fontsize=9)
-    ax.legend(fontsize=7)
+    _legend(fig, ax, len(study["conditions"]))
     return fig
 
 
@@ -327,7 +338,7 @@ def plot_scatter(study: dict) -> Figure | None:
     ax.set_ylabel(FIGURES["perturbation_half_life"] + " (final)")
     ax.set_title("a point per trial; squares: condition mean ± sd (infinite left out)",
                  fontsize=9)
-    ax.legend(fontsize=7)
+    _legend(fig, ax, len(study["conditions"]))
     return fig
 
 
@@ -352,7 +363,7 @@ def plot_unit_half_lives(study: dict) -> Figure | None:
     ax.set_ylabel("fraction of units with half-life ≥ x")
     ax.set_title("per-unit half-lives at the final checkpoint, pooled over seeds; dashed: 10",
                  fontsize=9)
-    ax.legend(fontsize=7)
+    _legend(fig, ax, len(conds))
     return fig
 
 
