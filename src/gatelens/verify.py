@@ -13,8 +13,8 @@ Two figures, always together:
 h lies in (−1, 1) and is judged absolutely; c is unbounded and is judged by
 |Δc| / max(1, |c|) (absolute below 1, relative above); the absolute figure is reported too.
 The modern cells' h (minGRU and minLSTM: a mix of linear candidates) and their blocks'
-output y are unbounded like c, so they are judged by the same scaled rule; on h within
-(−1, 1) it is the absolute rule.
+output y are unbounded like c; they are judged scaled by the unit's largest |value| in the
+window (at least 1), which on h within (−1, 1) is the absolute rule (``verify_modern``).
 A trace handed to ``verify`` is checked against the module's own output as well: a trace
 must describe the trajectory the module took.
 
@@ -43,9 +43,9 @@ VERIFY_TOL = 1e-5
 
 
 def passes(diff_h: float, diff_c: float | None, tol: float = VERIFY_TOL) -> bool:
-    """The verification rule: h's difference ≤ tol (absolute, or scaled by max(1, |h|) for
-    the modern cells), and c's difference (scaled by max(1, |c|), see the module docstring;
-    None without a cell state) ≤ tol.
+    """The verification rule: h's difference ≤ tol (absolute, or scaled by the unit's
+    largest |h| for the modern cells), and c's difference (scaled by max(1, |c|), see the
+    module docstring; None without a cell state) ≤ tol.
 
     >>> passes(1e-7, None), passes(1e-7, 2e-5), passes(2e-5, None)
     (True, False, False)
@@ -62,7 +62,7 @@ class LayerDiff:
     max_abs_diff_h: float  # over every window, position and unit, and h_n
     max_abs_diff_c: float | None  # final c_n (LSTM only)
     max_scaled_diff_c: float | None = None  # max |Δc| / max(1, |c_torch|) (LSTM only)
-    max_scaled_diff_h: float | None = None  # max |Δh| / max(1, |h|) (modern cells: h and y)
+    max_scaled_diff_h: float | None = None  # modern cells: h and y, verify_modern's scale
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ class VerifyResult:
     trace_max_scaled_diff_c: float | None = None
     tol: float = VERIFY_TOL
     meta: dict = field(default_factory=dict)
-    #: Modern cells only (h and y unbounded): max |Δ| / max(1, |reference|), what h is
-    #: judged by there; the same figure for one-step, free-running and a given trace.
+    #: Modern cells only (h and y unbounded): the one-step error scaled by each unit's
+    #: largest |value| in the window, at least 1 (verify_modern); what h is judged by there.
     one_step_max_scaled_diff_h: float | None = None
     trace_max_scaled_diff_h: float | None = None  # a given trace, the same rule
 
@@ -110,8 +110,9 @@ class VerifyResult:
 
     @property
     def passed(self) -> bool:
-        """The one-step error within ``tol`` (h absolutely, c scaled by max(1, |c|)), and a
-        given trace on the module's trajectory by the same rule."""
+        """The one-step error within ``tol`` (h absolutely, or on its scale for the modern
+        cells; c scaled by max(1, |c|)), and a given trace on the module's trajectory by the
+        same rule."""
         ok = passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol)
         if self.trace_max_abs_diff_h is not None:
             ok = ok and passes(self._trace_h, self.trace_max_scaled_diff_c, self.tol)
