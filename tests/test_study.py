@@ -474,7 +474,8 @@ def test_a_synthetic_corpus_places_the_loss_between_its_bounds(tmp_path):
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
 
-@pytest.mark.parametrize("name", ["cells", "dynamics", "forget-bias", "long-memory", "modern"])
+@pytest.mark.parametrize("name", ["cells", "dynamics", "dynamics-gru", "forget-bias",
+                                  "long-memory", "modern"])
 def test_committed_studies_render_as_committed(name):
     """studies/NAME: study.md and the plots' names are what today's renderer makes of the
     committed study.json, so the README's tables and the files cannot drift apart. (The
@@ -503,3 +504,13 @@ def test_many_conditions_put_the_legend_beside_the_axes():
         ax = fig.axes[0]
         right_of_axes = ax.get_legend().get_window_extent().x0 > ax.get_window_extent().x1
         assert right_of_axes == outside, name
+
+
+def test_committed_spec_files_are_what_their_studies_ran():
+    """studies/*/spec.toml (a study that is not a preset) loads, and it is the study.json's
+    own spec with the same trials; each preset's study ran the preset as it is today."""
+    for d in sorted(p for p in STUDIES.iterdir() if (p / "study.json").exists()):
+        study = json.loads((d / "study.json").read_text())
+        spec = load_spec(d / "spec.toml") if (d / "spec.toml").exists() else load_preset(d.name)
+        assert spec.doc == study["spec"], d.name
+        assert [t.id for t in spec.trials] == [t["id"] for t in study["trials"]], d.name
