@@ -287,7 +287,7 @@ def test_slstm_weights_times_16_stay_finite():
     tr = m.trace(x)
     assert all(torch.isfinite(v).all() for _, v in tr.items())
     res = verify(m, x, trace=tr)
-    assert res.passed, res.summary()
+    assert res.passed, res.explain()
 
 
 @pytest.mark.parametrize("cell", ["mingru", "minlstm"])

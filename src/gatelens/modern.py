@@ -195,8 +195,8 @@ class MinLSTM(ModernRNN):
         pre_f, pre_i, cand = self.proj[k](inp).chunk(3, dim=-1)  # (B, T, H) each
         f, i = torch.sigmoid(pre_f), torch.sigmoid(pre_i)
         # f* = f/(f + i) = σ(ln σ(f̃) − ln σ(ĩ)): finite where f and i both underflow to 0
-        keep = torch.sigmoid(F.logsigmoid(pre_f) - F.logsigmoid(pre_i))
-        write = torch.sigmoid(F.logsigmoid(pre_i) - F.logsigmoid(pre_f))  # i*
+        gap = F.logsigmoid(pre_f) - F.logsigmoid(pre_i)  # (B, T, H)
+        keep, write = torch.sigmoid(gap), torch.sigmoid(-gap)  # f*, i*
         if parallel:
             h = scan(keep, write * cand, init[0])  # (B, T, H)
         else:

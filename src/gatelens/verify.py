@@ -301,12 +301,7 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
 
 def _maxdiff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
     """max |a − b|, or with ``scaled`` max |a − b| / max(1, |b|)."""
-    if not a.numel():
-        return 0.0
-    diff = (a.double() - b.double()).abs()
-    if scaled:
-        diff = diff / b.double().abs().clamp(min=1.0)
-    return float(diff.max())
+    return _scaled_diff(a, b, b.double().abs().clamp(min=1.0) if scaled else None)
 
 
 def _scale(ref: Tensor) -> Tensor:
@@ -314,12 +309,14 @@ def _scale(ref: Tensor) -> Tensor:
     return ref.double().abs().amax(dim=1, keepdim=True).clamp(min=1.0)
 
 
-def _scaled_diff(a: Tensor, b: Tensor, scale: Tensor) -> float:
-    """max |a − b| / scale (the modern cells' rule: the unit's largest |value| in the window,
-    at least 1, since the scan's rounding grows with the terms it sums, not with h_t)."""
+def _scaled_diff(a: Tensor, b: Tensor, scale: Tensor | None) -> float:
+    """max |a − b|, divided by ``scale`` where given (the modern cells' rule: ``_scale``, the
+    unit's largest |value| in the window, since the scan's rounding grows with the terms it
+    sums, not with h_t)."""
     if not a.numel():
         return 0.0
-    return float(((a.double() - b.double()).abs() / scale).max())
+    diff = (a.double() - b.double()).abs()
+    return float((diff if scale is None else diff / scale).max())
 
 
 def verify_modern(module: nn.Module, inputs: Tensor, state: State = None,
@@ -380,7 +377,9 @@ def _modern_layer(k: int, got: dict[str, Tensor], got_final: Tensor, ref: dict[s
     """One layer's h, y and final h against a reference trajectory: absolute and scaled."""
     h_n = (ref_final if isinstance(ref_final, Tensor) else ref_final[0])[k]  # (B, H)
     h, y = ref[f"layer{k}.h"], ref[f"layer{k}.y"]  # (B, T, H)
-    pairs = [(got["h"], h, _scale(h)), (got["y"], y, _scale(y)),
-             (got_final, h_n, _scale(h)[:, 0])]
-    return LayerDiff(k, False, max(_maxdiff(a, b) for a, b, _ in pairs), None,
-                     max_scaled_diff_h=max(_scaled_diff(*p) for p in pairs))
+    abs_, scaled = 0.0, 0.0
+    for a, b, scale in ((got["h"], h, _scale(h)), (got["y"], y, _scale(y)),
+                        (got_final, h_n, _scale(h)[:, 0])):
+        diff = (a.double() - b.double()).abs()
+        abs_, scaled = max(abs_, float(diff.max())), max(scaled, float((diff / scale).max()))
+    return LayerDiff(k, False, abs_, None, max_scaled_diff_h=scaled)
