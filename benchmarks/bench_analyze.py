@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from gatelens.analyze import analyze
-from gatelens.config import TrainConfig
-from gatelens.model import CharLM
-from gatelens.runs import save_weights
+from gatelens.lens.analyze import analyze
+from gatelens.training.config import TrainConfig
+from gatelens.training.model import CharLM
+from gatelens.training.runs import save_weights
 
 CHARS = [chr(c) for c in range(32, 117)]  # 85 printable characters, as the seed's corpus
 

@@ -6,7 +6,8 @@ parallel scan's speed-up over the sequential step.
 
 The models are the `modern` study preset's: LSTM (the reference), GRU, RNN, minGRU and
 minLSTM with two layers, sLSTM with 4 heads, each at the hidden size whose CharLM parameter
-count is nearest the LSTM's (``gatelens.model.matched_hidden``). A training step is forward,
+count is nearest the LSTM's (``gatelens.training.model.matched_hidden``). A training step is
+forward,
 cross-entropy, backward and an Adam step; the figure is the median over the timed steps
 after warm-up, reported as a ratio to the LSTM's in the same process (each module's
 forward as it trains: on CPU minGRU/minLSTM take the sequential step). The scan figures time
@@ -23,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gatelens.model import CharLM, matched_hidden, parameter_count
+from gatelens.training.model import CharLM, matched_hidden, parameter_count
 
 #: the modern preset's models: (cell, layers, heads)
 MODELS = (("lstm", 1, 1), ("gru", 1, 1), ("rnn", 1, 1), ("mingru", 2, 1), ("minlstm", 2, 1),

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from gatelens.study import ray_session, run_ray, run_trial
-from gatelens.study_spec import Trial, parse_spec
+from gatelens.studies.spec import Trial, parse_spec
+from gatelens.studies.study import ray_session, run_ray, run_trial
 
 WORDS = "the quick brown fox jumps over a lazy dog and then runs home to sleep".split()
 TRAIN = {"cell": "lstm", "hidden": 32, "steps": 40, "eval_every": 20, "batch": 8, "seq": 64,

@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from gatelens.trace import trace
+from gatelens.readout.trace import trace
 
 CONFIGS = [  # (label, cell class, layers, batch)
     ("lstm B=32", nn.LSTM, 1, 32),

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gatelens.config import TrainConfig
-from gatelens.train import train
+from gatelens.training.config import TrainConfig
+from gatelens.training.train import train
 
 
 def synthetic_corpus(path: Path, vocab: int, n: int = 300_000) -> Path:

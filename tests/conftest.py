@@ -45,7 +45,7 @@ def random_analysis(cell: str, windows: int = 5, length: int = 40, hidden: int =
     """
     import torch
 
-    from gatelens.analyze import encoder_runner, measure
+    from gatelens.analysis.measure import encoder_runner, measure
 
     text = make_text(n_lines=60, seed=seed)
     chars = sorted(set(text))

@@ -20,8 +20,8 @@ from gatelens.analysis import (
     perturbation_decay,
     unit_timescales,
 )
-from gatelens.trace import trace
-from gatelens.trace_types import Trace
+from gatelens.readout.trace import trace
+from gatelens.readout.trace_types import Trace
 
 
 def ref_trace(rnn: nn.RNNBase, x: torch.Tensor, dtype=torch.float64) -> Trace:

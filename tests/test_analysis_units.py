@@ -15,7 +15,7 @@ from gatelens.analysis import (
     summarize_units,
     unit_timescales,
 )
-from gatelens.trace_types import Trace
+from gatelens.readout.trace_types import Trace
 
 
 def lstm_trace(f: torch.Tensor, layers: int = 1) -> Trace:

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from gatelens import cli
-from gatelens.analyze import Analysis, analyze
-from gatelens.config import TrainConfig
+from gatelens.analysis.measure import Analysis
 from gatelens.errors import GatelensError
+from gatelens.lens.analyze import analyze
 from gatelens.report.json_report import schema
-from gatelens.train import train
+from gatelens.training.config import TrainConfig
+from gatelens.training.train import train
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away"]
 
@@ -156,7 +157,7 @@ def test_report_command_rebuilds_html(runs, tmp_path, capsys):
 
 def test_synthetic_corpus_report_reads_loss_against_its_bounds(tmp_path):
     """A run on `recall` gets the corpus's memoryless and best losses beside its own."""
-    from gatelens.synthetic import describe_corpus
+    from gatelens.training.synthetic import describe_corpus
 
     spec = "recall:gap=5-20,chars=20000"
     run = tmp_path / "run"

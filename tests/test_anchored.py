@@ -12,15 +12,15 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-import gatelens.anchored as anchored
-from gatelens.anchored import (
+import gatelens.families.anchored as anchored
+from gatelens.families.anchored import (
     anchored_signals,
     free_running_divergence,
     module_states,
     one_step_errors,
 )
-from gatelens.trace import trace
-from gatelens.verify import verify
+from gatelens.readout.trace import trace
+from gatelens.readout.verify import verify
 
 # oneDNN has no projected LSTM and warns once before using PyTorch's own path.
 pytestmark = [pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning"),

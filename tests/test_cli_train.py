@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from gatelens.cli import main
-from gatelens.runs import read_config
+from gatelens.training.runs import read_config
 
 SMALL = ["--hidden", "8", "--steps", "4", "--batch", "4", "--seq", "16", "--eval-every", "2",
          "--val-windows", "2", "--quiet"]

@@ -9,10 +9,10 @@ import pytest
 
 import gatelens
 from gatelens.cli import main
-from gatelens.config import TrainConfig
-from gatelens.train import train
+from gatelens.training.config import TrainConfig
+from gatelens.training.train import train
 
-verify_mod = importlib.import_module("gatelens.verify")  # the module, not the function
+verify_mod = importlib.import_module("gatelens.readout.verify")  # the module, not the function
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from gatelens.equations import cell_weights, gru_step, lstm_step, rnn_step, step
+from gatelens.cells.equations import cell_weights, gru_step, lstm_step, rnn_step, step
 
 TOL = {torch.float32: 1e-6, torch.float64: 1e-14}
 DTYPES = [torch.float32, torch.float64]

@@ -18,9 +18,14 @@ from torch import nn
 
 from gatelens.cli import add_analyze_arguments
 from gatelens.errors import GatelensError
-from gatelens.foreign import ForeignModel, add_foreign_arguments, foreign_from_args, load_foreign
-from gatelens.foreign_io import PICKLED, read_tensors, read_vocab
-from gatelens.verify import verify
+from gatelens.lens.foreign import (
+    ForeignModel,
+    add_foreign_arguments,
+    foreign_from_args,
+    load_foreign,
+)
+from gatelens.lens.foreign_io import PICKLED, read_tensors, read_vocab
+from gatelens.readout.verify import verify
 
 CHARS = list("\n abcdefgh")
 V = len(CHARS)

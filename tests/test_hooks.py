@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from gatelens.hooks import open_cells
-from gatelens.trace import trace
+from gatelens.readout.hooks import open_cells
+from gatelens.readout.trace import trace
 
 
 class Encoder(nn.Module):

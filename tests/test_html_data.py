@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from gatelens.analyze import encoder_runner, measure
+from gatelens.analysis.measure import encoder_runner, measure
+from gatelens.readout.trace_types import gate_names
 from gatelens.report.html import HtmlReport, rebuild_html, render_html
 from gatelens.report.html_data import dequantize, half_life, page_data, quantize
 from gatelens.report.write import write_analysis
-from gatelens.trace_types import gate_names
 
 
 def _tol(enc: dict) -> np.ndarray:

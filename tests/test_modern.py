@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from gatelens import cli
 from gatelens.analysis import perturb_windows, perturbation_decay
-from gatelens.analyze import encoder_runner, measure
-from gatelens.modern import SLSTM, MinGRU, MinLSTM
-from gatelens.modern_scan import scan, scan_sequential
-from gatelens.trace import trace
-from gatelens.verify import verify
+from gatelens.analysis.measure import encoder_runner, measure
+from gatelens.cells.modern import SLSTM, MinGRU, MinLSTM
+from gatelens.cells.scan import scan, scan_sequential
+from gatelens.readout.trace import trace
+from gatelens.readout.verify import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -226,7 +226,7 @@ def test_bad_settings_exit_2(tmp_path, tiny_text, extra, capsys):
 
 
 def test_keep_bias_sets_the_keep_gate():
-    from gatelens.model import CharLM, set_forget_bias
+    from gatelens.training.model import CharLM, set_forget_bias
 
     for cell in ("mingru", "minlstm"):
         model = CharLM(4, hidden=3, cell=cell)

@@ -10,8 +10,8 @@ import torch
 
 from gatelens import half_life
 from gatelens.errors import GatelensError
-from gatelens.reproduce import reproduce
-from gatelens.seed_compare import SEED_FIGURES, agrees
+from gatelens.studies.reproduce import reproduce
+from gatelens.studies.seed_compare import SEED_FIGURES, agrees
 
 TINY = {"lstm": {"hidden": 8, "steps": 10, "batch": 4, "seq": 24, "eval_every": 5,
                  "val_windows": 2},

@@ -21,9 +21,9 @@ import pytest
 
 from gatelens.cli import main
 from gatelens.errors import GatelensError
-from gatelens.study import ray_session, run_study, run_trial
-from gatelens.study_report import merge, report_figures
-from gatelens.study_spec import PRESETS, load_preset, load_spec, parse_spec
+from gatelens.studies.merge import merge, report_figures
+from gatelens.studies.spec import PRESETS, load_preset, load_spec, parse_spec
+from gatelens.studies.study import ray_session, run_study, run_trial
 
 WORDS = "the quick brown fox jumps over a lazy dog and then runs home to sleep".split()
 TRAIN = {"hidden": 8, "steps": 4, "eval_every": 2, "batch": 4, "seq": 24, "val_windows": 4}
@@ -143,7 +143,7 @@ def test_trial_equals_train_and_analyze_outside_ray(study, corpus, tmp_path, one
 
 
 def test_interrupted_trial_resumes_to_the_same_weights(study, tmp_path, one_thread):
-    from gatelens.train import train
+    from gatelens.training.train import train
 
     spec_path, res = study
     trial = load_spec(spec_path).trials[0]
@@ -213,8 +213,9 @@ def test_without_ray_the_study_asks_for_the_extra(tmp_path, monkeypatch, corpus)
     with pytest.raises(GatelensError, match=r"gatelens\[study\]"):
         run_study(spec, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
-    code = ("import sys; sys.modules['ray'] = None; import torch, gatelens, gatelens.study, "
-            "gatelens.study_report; gatelens.trace(torch.nn.GRU(2, 3), torch.randn(4, 1, 2))")
+    code = ("import sys; sys.modules['ray'] = None; import torch, gatelens, "
+            "gatelens.studies.study, gatelens.studies.merge; "
+            "gatelens.trace(torch.nn.GRU(2, 3), torch.randn(4, 1, 2))")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -254,7 +255,7 @@ def test_merge_statistics_on_hand_made_reports(tmp_path):
 
 
 def test_presets_parse_and_say_their_question(monkeypatch):
-    from gatelens import study_spec
+    from gatelens.studies import spec as study_spec
 
     sizes = {"dynamics": (3, 1), "forget-bias": (30, 10), "cells": (9, 3),
              "long-memory": (18, 6), "modern": (18, 6)}
@@ -303,9 +304,9 @@ def test_table_axis_sets_several_keys_per_condition():
 
 
 def test_match_params_picks_the_nearest_hidden(corpus):
-    from gatelens.model import matched_hidden, parameter_count
-    from gatelens.study_spec import vocab_size
-    from gatelens.train import model_config
+    from gatelens.studies.spec import vocab_size
+    from gatelens.training.model import matched_hidden, parameter_count
+    from gatelens.training.train import model_config
 
     spec = parse_spec({"grid": {"seed": [0], "model": [
         {"cell": "lstm"}, {"cell": "gru"}, {"cell": "slstm", "heads": 3}]},
@@ -345,8 +346,8 @@ def test_bad_table_axes_and_match_params(grid, train, says):
 
 
 def test_modern_preset_matches_the_lstm_parameter_count(monkeypatch):
-    from gatelens import study_spec
-    from gatelens.study_report import model_size
+    from gatelens.studies import spec as study_spec
+    from gatelens.studies.merge import model_size
 
     monkeypatch.setitem(study_spec._VOCAB, "shakespeare", 84)  # its 84 characters
     spec = load_preset("modern")
@@ -413,7 +414,7 @@ def _forget_cluster(port: int) -> None:
 def test_the_default_local_ray_is_new_even_beside_a_started_cluster(cluster):
     """ray.init() with no address would join the cluster `ray start` began; the study's
     default is a Ray of its own, with its --workers CPUs."""
-    code = ("import sys, ray; from gatelens.study import ray_session\n"
+    code = ("import sys, ray; from gatelens.studies.study import ray_session\n"
             "with ray_session(workers=1):\n"
             "    print(ray.cluster_resources()['CPU'], ray.get_runtime_context().gcs_address)")
     got = subprocess.run([sys.executable, "-c", code], env=cluster[1], capture_output=True,
@@ -480,7 +481,7 @@ def test_committed_studies_render_as_committed(name):
     """studies/NAME: study.md and the plots' names are what today's renderer makes of the
     committed study.json, so the README's tables and the files cannot drift apart. (The
     PNGs' bytes depend on matplotlib's version, so they are only checked to be images.)"""
-    from gatelens.study_report import render_markdown, study_plots
+    from gatelens.report.study import render_markdown, study_plots
 
     d = STUDIES / name
     study = json.loads((d / "study.json").read_text())
@@ -495,7 +496,7 @@ def test_many_conditions_put_the_legend_beside_the_axes():
     """Ten conditions (forget-bias) would cover the lines; the legend goes to the right."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from gatelens.study_report import plot_over_training
+    from gatelens.report.study import plot_over_training
 
     for name, outside in (("forget-bias", True), ("cells", False)):
         study = json.loads((STUDIES / name / "study.json").read_text())

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from gatelens.cli import main
-from gatelens.corpus import load_corpus
 from gatelens.errors import GatelensError
-from gatelens.runs import load_run, read_config, run_windows
-from gatelens.synthetic import (
+from gatelens.training.corpus import load_corpus
+from gatelens.training.runs import load_run, read_config, run_windows
+from gatelens.training.synthetic import (
     bracket_gap_pmf,
     bracket_mean_gap,
     bracket_probs,
@@ -31,7 +31,7 @@ from gatelens.synthetic import (
     parse_spec,
     synthetic_text,
 )
-from gatelens.synthetic_score import char_losses, gaps
+from gatelens.training.synthetic_score import char_losses, gaps
 
 RECALL = "recall:gap=10-200,chars=300000"
 BRACKETS = "brackets:chars=300000"

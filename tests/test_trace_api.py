@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from gatelens.trace import trace, trace_chunked
-from gatelens.trace_types import gate_names
-from gatelens.verify import VERIFY_TOL, VerifyResult, verify
+from gatelens.readout.trace import trace, trace_chunked
+from gatelens.readout.trace_types import gate_names
+from gatelens.readout.verify import VERIFY_TOL, VerifyResult, verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")
 

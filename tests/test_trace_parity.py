@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from gatelens.trace import trace
+from gatelens.readout.trace import trace
 
 # oneDNN has no projected LSTM and warns once before using PyTorch's own path.
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from gatelens.config import TrainConfig
-from gatelens.runs import checkpoint_steps, load_run, read_config
-from gatelens.train import train
+from gatelens.training.config import TrainConfig
+from gatelens.training.runs import checkpoint_steps, load_run, read_config
+from gatelens.training.train import train
 
 
 def tiny(corpus: Path, **kw) -> TrainConfig:

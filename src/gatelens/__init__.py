@@ -19,17 +19,17 @@ from typing import Any
 
 from gatelens._version import version as _version
 from gatelens.analysis.units import half_life
-from gatelens.hooks import CellCache, open_cells
-from gatelens.trace import trace, trace_chunked
-from gatelens.trace_types import Trace, gate_names
-from gatelens.verify import VERIFY_TOL, VerifyResult, verify
+from gatelens.readout.hooks import CellCache, open_cells
+from gatelens.readout.trace import trace, trace_chunked
+from gatelens.readout.trace_types import Trace, gate_names
+from gatelens.readout.verify import VERIFY_TOL, VerifyResult, verify
 
 __version__ = _version()
 
 #: Public names whose modules pull in the report stack: imported on first use (PEP 562).
-_LAZY = {"Analysis": "gatelens.analyze", "analyze": "gatelens.analyze",
-         "measure": "gatelens.analyze", "reproduce": "gatelens.reproduce",
-         "Lens": "gatelens.lens", "LensResult": "gatelens.lens"}
+_LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.analyze",
+         "measure": "gatelens.analysis.measure", "reproduce": "gatelens.studies.reproduce",
+         "Lens": "gatelens.lens.lens", "LensResult": "gatelens.lens.lens"}
 
 __all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
            "VerifyResult", "analyze", "gate_names", "half_life", "measure", "open_cells",

@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .cellspec import FAMILIES
-from .config import TrainConfig
-from .errors import CheckFailed, GatelensError, positive_int
+from gatelens.errors import CheckFailed, GatelensError, positive_int
+from gatelens.families.spec import FAMILIES
+from gatelens.training.config import TrainConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +47,7 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(args) -> int:
-    from .train import train
+    from gatelens.training.train import train
 
     given = {k: v for k, v in vars(args).items()
              if v is not None and k not in ("command", "resume", "out", "quiet")}
@@ -71,8 +71,8 @@ def _add_sample(sub) -> None:
 
 
 def _cmd_sample(args) -> int:
-    from .runs import load_run
-    from .sample import sample
+    from gatelens.training.runs import load_run
+    from gatelens.training.sample import sample
 
     run = load_run(args.run, args.checkpoint)
     print(sample(run, args.length, args.temperature, args.prime, args.seed))
@@ -91,8 +91,8 @@ def _add_verify(sub) -> None:
 
 
 def _cmd_verify(args) -> int:
-    from .runs import load_run, run_windows
-    from .verify import verify
+    from gatelens.readout.verify import verify
+    from gatelens.training.runs import load_run, run_windows
 
     run = load_run(args.run, args.checkpoint)
     ids, source = run_windows(run, args.text, args.windows, args.length)
@@ -124,7 +124,7 @@ def _add_report(sub) -> None:
 def _cmd_report(args) -> int:
     from pathlib import Path
 
-    from .report.html import rebuild_html
+    from gatelens.report.html import rebuild_html
 
     run = Path(args.run)
     out = run / "analysis" if (run / "analysis" / "report.json").exists() else run
@@ -145,7 +145,7 @@ def _add_analyze(sub) -> None:
 
 def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``gatelens analyze``: a run directory, or --weights/--vocab/--text."""
-    from .foreign import add_foreign_arguments
+    from gatelens.lens.foreign import add_foreign_arguments
 
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or give "
                    "--weights, --vocab and --text for a model gatelens did not train")
@@ -165,7 +165,7 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_analyze(args) -> int:
-    from .analyze import analyze, analyze_foreign
+    from gatelens.lens.analyze import analyze, analyze_foreign
 
     if (args.run is None) == (args.weights is None):
         raise GatelensError("analyze: give a run directory, or --weights FILE (with --vocab "
@@ -175,7 +175,7 @@ def _cmd_analyze(args) -> int:
                     length=args.length, perturb_pos=args.perturb_pos, out=args.out,
                     progress=not args.quiet)
     else:
-        from .foreign import foreign_from_args
+        from gatelens.lens.foreign import foreign_from_args
 
         if args.text is None or args.out is None:
             raise GatelensError(f"{args.weights}: a model gatelens did not train needs --text "
@@ -212,7 +212,7 @@ def _add_reproduce(sub) -> None:
 def _cmd_reproduce(args) -> int:
     from pathlib import Path
 
-    from .reproduce import reproduce
+    from gatelens.studies.reproduce import reproduce
 
     cells = tuple(c.strip() for c in args.cells.split(",") if c.strip())
     reproduce(args.out, corpus=args.corpus, progress=not args.quiet,
@@ -241,8 +241,8 @@ def _add_study(sub) -> None:
 
 
 def _cmd_study(args) -> int:
-    from .study import failed_lines, run_study
-    from .study_spec import load_preset, load_spec
+    from gatelens.studies.spec import load_preset, load_spec
+    from gatelens.studies.study import failed_lines, run_study
 
     if (args.spec is None) == (args.preset is None):
         raise GatelensError("study: give SPEC.toml or --preset NAME, one of them")

@@ -62,7 +62,7 @@ def read_utf8(path: str | os.PathLike) -> str:
     ...
     gatelens.errors.GatelensError: ...x.txt: not UTF-8 (invalid byte 0xff at byte offset 2)
     """
-    from .errors import GatelensError
+    from gatelens.errors import GatelensError
 
     data = Path(path).read_bytes()
     try:

@@ -53,7 +53,7 @@ def long_unit_figures(rnn: torch.nn.Module, x: torch.Tensor, x_perturbed: torch.
 
 
 def main(study: Path) -> None:
-    from gatelens.runs import load_run, run_windows
+    from gatelens.training.runs import load_run, run_windows
 
     torch.set_num_threads(1)
     print(f"share of |ds|^2 in the long-lived units at k = {', '.join(map(str, LAGS))}")

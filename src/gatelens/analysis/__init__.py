@@ -8,9 +8,9 @@ docs/methods.md defines every figure. Layers are pooled throughout (``common.poo
 
 from __future__ import annotations
 
-from .classes import CharClasses, char_classes, default_class
-from .gates import GateDistributions, gate_distributions
-from .perturbation import (
+from gatelens.analysis.classes import CharClasses, char_classes, default_class
+from gatelens.analysis.gates import GateDistributions, gate_distributions
+from gatelens.analysis.perturbation import (
     LAGS,
     PerturbationDecay,
     decompose,
@@ -18,7 +18,13 @@ from .perturbation import (
     perturbation_decay,
     report_lags,
 )
-from .units import UnitTimescales, half_life, shift_from_init, summarize_units, unit_timescales
+from gatelens.analysis.units import (
+    UnitTimescales,
+    half_life,
+    shift_from_init,
+    summarize_units,
+    unit_timescales,
+)
 
 __all__ = [
     "LAGS", "CharClasses", "GateDistributions", "PerturbationDecay", "UnitTimescales",

@@ -5,7 +5,7 @@ x_t. A class's mean is the mean of the keep gate (LSTM f, GRU z; layers pooled) 
 units at the positions of that class (docs/methods.md, "Gates by character class").
 
 >>> import torch
->>> from gatelens.trace_types import Trace
+>>> from gatelens.readout.trace_types import Trace
 >>> f = torch.tensor([[[0.25], [0.5], [0.75]]])  # (B=1, T=3, H=1)
 >>> r = char_classes(Trace("lstm", 1, False, {"layer0.f": f}), torch.tensor([[0, 1, 2]]),
 ...                  ["\\n", " ", "a"])
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from ..trace_types import Trace
-from .common import as_numpy64, pooled
+from gatelens.analysis.common import as_numpy64, pooled
+from gatelens.readout.trace_types import Trace
 
 
 def default_class(ch: str) -> str:

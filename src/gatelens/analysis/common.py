@@ -11,7 +11,7 @@ the trace (``layerK.reverse.<letter>``). A forward layer above the first reads t
 below's reverse output too, so its state can move before a perturbed position.
 
 >>> import torch
->>> from gatelens.trace_types import Trace
+>>> from gatelens.readout.trace_types import Trace
 >>> tr = Trace("gru", 2, False, {"layer0.z": torch.zeros(1, 2, 3), "layer1.z": torch.ones(1, 2, 3)})
 >>> tuple(pooled(tr, "z").shape)
 (1, 2, 6)
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..trace_types import Trace
+from gatelens.readout.trace_types import Trace
 
 PERCENTILES = (5, 25, 50, 75, 95)
 
@@ -43,7 +43,7 @@ def pooled(trace: Trace, letter: str) -> Tensor:
 
     For a bidirectional trace, the forward direction's layers only (module docstring).
 
-    >>> from gatelens.trace_types import Trace
+    >>> from gatelens.readout.trace_types import Trace
     >>> bi = Trace("gru", 1, True, {"layer0.z": torch.zeros(1, 2, 3),
     ...                             "layer0.reverse.z": torch.ones(1, 2, 3)})
     >>> float(pooled(bi, "z").sum()), tuple(pooled(bi, "z").shape)

@@ -41,10 +41,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..anchored import State, check_inputs, module_states
-from ..equations import CellWeights, cell_weights, step
-from ..reference import faithful_matmul
-from .common import finite_or_none
+from gatelens.analysis.common import finite_or_none
+from gatelens.cells.equations import CellWeights, cell_weights, step
+from gatelens.families.anchored import State, check_inputs, module_states
+from gatelens.families.reference import faithful_matmul
 
 
 @dataclass

@@ -4,7 +4,7 @@ Over all B·T·H values of a gate (layers pooled), in float64, percentiles with 
 interpolation exactly as ``numpy.percentile`` (docs/methods.md, "Gate distributions").
 
 >>> import torch
->>> from gatelens.trace_types import Trace
+>>> from gatelens.readout.trace_types import Trace
 >>> z = torch.linspace(0, 1, 101).view(1, 101, 1)
 >>> tr = Trace("gru", 1, False, {"layer0.r": z, "layer0.z": z, "layer0.n": z})
 >>> d = gate_distributions(tr)
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace_types import Trace
-from .common import PERCENTILES, as_numpy64, pooled
+from gatelens.analysis.common import PERCENTILES, as_numpy64, pooled
+from gatelens.readout.trace_types import Trace
 
 STAT_KEYS = ("mean",) + tuple(f"p{q}" for q in PERCENTILES)
 

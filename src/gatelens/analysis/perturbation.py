@@ -13,7 +13,7 @@ Layers are pooled: s is every layer's state concatenated, each multiplied by its
 layer's keep gate. Windows whose δs_p is exactly zero are left out (``n`` counts the rest).
 
 >>> import torch
->>> from gatelens.trace_types import Trace
+>>> from gatelens.readout.trace_types import Trace
 >>> B, T, H, a = 2, 6, 3, 0.5
 >>> f = torch.full((B, T, H), a); i = torch.ones(B, T, H); o = torch.ones(B, T, H)
 >>> g = torch.zeros(B, T, H); g2 = g.clone(); g2[:, 1] = 1.0  # the perturbation at p = 1
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..trace_types import Trace
-from .common import finite_or_none, pooled
-from .units import half_life
+from gatelens.analysis.common import finite_or_none, pooled
+from gatelens.analysis.units import half_life
+from gatelens.readout.trace_types import Trace
 
 LAGS = (1, 2, 4, 8, 16, 32)
 

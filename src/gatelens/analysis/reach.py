@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .common import finite_or_none
-from .perturbation import LAGS, report_lags
-from .units import half_life as retention_half_life
+from gatelens.analysis.common import finite_or_none
+from gatelens.analysis.perturbation import LAGS, report_lags
+from gatelens.analysis.units import half_life as retention_half_life
 
 
 def kl_per_position(logits_clean: Tensor, logits_perturbed: Tensor) -> Tensor:

@@ -4,7 +4,7 @@ f̄_u is unit u's keep gate averaged over all B·T positions; its half-life is
 t½(a) = ln 0.5 / ln a characters (docs/methods.md, "Per-unit timescales").
 
 >>> import torch
->>> from gatelens.trace_types import Trace
+>>> from gatelens.readout.trace_types import Trace
 >>> f = torch.full((2, 5, 3), 0.5)
 >>> u = unit_timescales(Trace("lstm", 1, False, {"layer0.f": f}), init_value=0.5)
 >>> u.n_units, u.below_init, u.half_life["median"]
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from ..trace_types import Trace
-from .common import as_numpy64, finite_or_none, pooled
+from gatelens.analysis.common import as_numpy64, finite_or_none, pooled
+from gatelens.readout.trace_types import Trace
 
 HALF_LIFE_LONG = 10.0  # "a long memory": half-life of 10 characters or more
 

@@ -26,7 +26,7 @@ from gatelens.report.html_data import encode_plot, page_data
 from gatelens.report.html_tables import report_tables
 
 if TYPE_CHECKING:
-    from gatelens.analyze import Analysis
+    from gatelens.analysis.measure import Analysis
 
 __all__ = ["HtmlReport", "page_data", "render_html", "rebuild_html", "write_html"]
 
@@ -112,7 +112,7 @@ def write_html(analysis: Analysis, max_windows: int | None = None) -> Path:
 
     >>> import tempfile, torch
     >>> from pathlib import Path
-    >>> from gatelens.analyze import encoder_runner, measure
+    >>> from gatelens.analysis.measure import encoder_runner, measure
     >>> a = measure(torch.nn.GRU(3, 4, batch_first=True),
     ...             encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),
     ...             torch.randint(0, 3, (2, 12)), list("ab "), perturb_pos=4)
@@ -135,7 +135,7 @@ def rebuild_html(out_dir: str | Path) -> Path:
     analysis written by ``write_html``.
 
     >>> import tempfile, torch
-    >>> from gatelens.analyze import encoder_runner, measure
+    >>> from gatelens.analysis.measure import encoder_runner, measure
     >>> from gatelens.report.write import write_analysis
     >>> a = measure(torch.nn.RNN(3, 4, batch_first=True),
     ...             encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),

@@ -1,6 +1,6 @@
 """The data the HTML report embeds: a compact, JSON-ready picture of one analysis.
 
-Everything here is a pure function of a ``gatelens.analyze.Analysis``: the figures come
+Everything here is a pure function of a ``gatelens.analysis.measure.Analysis``: the figures come
 from its result objects (per-unit means, decay curves), never recomputed here. Trace
 values travel as uint8 with a per-unit range, so a seed-sized analysis (32 windows x
 128 characters x 325 units) fits a page of a few MB; the decoding rule is
@@ -28,10 +28,10 @@ import numpy as np
 from gatelens.analysis.common import finite_or_none, pooled
 from gatelens.analysis.units import half_life as analysis_half_life
 from gatelens.analysis.units import unit_means
-from gatelens.cellspec import cell_spec
+from gatelens.families.spec import cell_spec
 
 if TYPE_CHECKING:
-    from gatelens.analyze import Analysis
+    from gatelens.analysis.measure import Analysis
 
 #: Raw bytes of quantised traces the page may carry by default (base64 adds a third).
 BYTE_BUDGET = 2_800_000
@@ -190,7 +190,7 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
     ``units`` (layer -> per-unit table), ``perturb``, ``report``, ``plots``.
 
     >>> import torch
-    >>> from gatelens.analyze import encoder_runner, measure
+    >>> from gatelens.analysis.measure import encoder_runner, measure
     >>> a = measure(torch.nn.LSTM(3, 4, batch_first=True),
     ...             encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float()),
     ...             torch.randint(0, 3, (3, 12)), list("ab "), perturb_pos=4)

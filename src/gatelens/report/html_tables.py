@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from .tables import all_tables
+from gatelens.report.tables import all_tables
 
 
 def report_tables(report: dict) -> str:

@@ -17,13 +17,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..analysis.perturbation import PerturbationDecay
-from ..analysis.units import UnitTimescales, shift_from_init
-from ..io import atomic_write_json
-from ..runs import history_rows
+from gatelens.analysis.perturbation import PerturbationDecay
+from gatelens.analysis.units import UnitTimescales, shift_from_init
+from gatelens.io import atomic_write_json
+from gatelens.training.runs import history_rows
 
 if TYPE_CHECKING:
-    from ..analyze import Analysis
+    from gatelens.analysis.measure import Analysis
 
 VERSION = 2
 POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
@@ -79,7 +79,7 @@ def decomposition_summary(decay: PerturbationDecay) -> dict | None:
 
 
 def build_report(a: Analysis) -> dict:
-    """report.json from an analysis's result objects (``gatelens.analyze.Analysis``)."""
+    """report.json from an analysis's result objects (``gatelens.analysis.measure.Analysis``)."""
     n_units = a.model["hidden"] * a.model["layers"]
     base = shift = None
     if a.baseline is not None:

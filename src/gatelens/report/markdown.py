@@ -13,8 +13,8 @@ saved report.json can be re-rendered.
 
 from __future__ import annotations
 
-from ..analysis.units import HALF_LIFE_LONG
-from .tables import (
+from gatelens.analysis.units import HALF_LIFE_LONG
+from gatelens.report.tables import (
     GATE_NAMES,
     Table,
     classes_table,

@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
-from ..analysis.units import half_life
+from gatelens.analysis.units import half_life
 
 COLORS = {"trained": "#1f77b4", "untrained": "#aaaaaa", "measured": "#1f77b4",
           "forget_path": "#d62728", "return_path": "#2ca02c"}
@@ -141,7 +141,7 @@ def plot_history(ax: Axes, history: dict, best_step: int | None = None) -> None:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    from ..io import atomic_write
+    from gatelens.io import atomic_write
 
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100,

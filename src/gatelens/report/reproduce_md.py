@@ -1,12 +1,13 @@
 """reproduce.md: the seed's figures beside ours, the series, and what each shows.
 
-Built from reproduce.json's content alone (``gatelens.reproduce``), so it can be re-rendered.
+Built from reproduce.json's content alone (``gatelens.studies.reproduce``), so it can be
+re-rendered.
 """
 
 from __future__ import annotations
 
-from ..seed_compare import AGREE_REL, CELLS
-from .tables import Table, fmt
+from gatelens.report.tables import Table, fmt
+from gatelens.studies.seed_compare import AGREE_REL, CELLS
 
 
 def _render_forget_bias(study: dict) -> list[str]:

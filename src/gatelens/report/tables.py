@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from ..cellspec import CELLS
+from gatelens.families.spec import CELLS
 
 STATS = ("mean", "p5", "p25", "p50", "p75", "p95")
 STAT_LABELS = ("mean", "5 %", "25 %", "50 %", "75 %", "95 %")

@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..io import atomic_write_text
-from .html import write_html
-from .json_report import write_report_json
-from .markdown import render_markdown
-from .plots import write_plots
+from gatelens.io import atomic_write_text
+from gatelens.report.html import write_html
+from gatelens.report.json_report import write_report_json
+from gatelens.report.markdown import render_markdown
+from gatelens.report.plots import write_plots
 
 if TYPE_CHECKING:
-    from ..analyze import Analysis
+    from gatelens.analysis.measure import Analysis
 
 
 def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> Analysis:

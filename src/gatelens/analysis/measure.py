@@ -1,4 +1,4 @@
-"""``gatelens analyze``: a model and its windows in, an ``Analysis`` of result objects out.
+"""``measure``: one recurrent module and its windows in, an ``Analysis`` of result objects out.
 
 ``measure`` traces the trained, perturbed and untrained models and calls one pure function
 a measurement (``gatelens.analysis``); the ``Analysis`` it returns holds every result
@@ -9,19 +9,17 @@ defined in docs/methods.md.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from .analysis import (
+from gatelens.analysis import (
     CharClasses,
     GateDistributions,
     PerturbationDecay,
@@ -33,17 +31,12 @@ from .analysis import (
     perturbation_decay,
     unit_timescales,
 )
-from .analysis.divergence import DivergenceRate, divergence_rate
-from .analysis.reach import OutputReach, output_reach
-from .errors import GatelensError
-from .model import initial_keep_value
-from .runs import checkpoint_steps, load_run, run_windows
-from .trace import State, trace
-from .trace_types import Trace
-from .verify import VerifyResult, verify
-
-if TYPE_CHECKING:
-    from .foreign import ForeignModel
+from gatelens.analysis.divergence import DivergenceRate, divergence_rate
+from gatelens.analysis.reach import OutputReach, output_reach
+from gatelens.errors import GatelensError
+from gatelens.readout.trace import State, trace
+from gatelens.readout.trace_types import Trace
+from gatelens.readout.verify import VerifyResult, verify
 
 BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 
@@ -112,7 +105,7 @@ class Analysis:
     @cached_property
     def report(self) -> dict:
         """report.json's content, assembled from the result objects."""
-        from .report.json_report import build_report
+        from gatelens.report.json_report import build_report
 
         return build_report(self)
 
@@ -123,7 +116,7 @@ class Analysis:
 
     def _repr_html_(self) -> str:
         """Jupyter shows the same page as report.html."""
-        from .report.html import HtmlReport
+        from gatelens.report.html import HtmlReport
 
         return HtmlReport.from_analysis(self)._repr_html_()
 
@@ -139,11 +132,6 @@ def check_perturb_pos(position: int, length: int) -> None:
     if position < 0 or position + 1 >= length:
         raise GatelensError(f"--perturb-pos {position} leaves no lag in {length}-character "
                             f"windows (0..{length - 2})")
-
-
-def _say(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"gatelens analyze: {msg}", file=sys.stderr)
 
 
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
@@ -219,76 +207,3 @@ def _reach(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor, position
         return None, (f"the model's output {shape} is not next-token logits ({B}, {T}, "
                       f"{vocab}), so only the state measurements apply")
     return output_reach(clean, perturbed, position), None
-
-
-def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path | None = None,
-            windows: int = 32, length: int = 128, perturb_pos: int = 32,
-            out: str | Path | None = None, progress: bool = True,
-            timings: dict | None = None, plots: bool = True) -> Analysis:
-    """Analyse a run's model; write OUT/report.json, report.md, plots/*.png and report.html.
-
-    ``out`` defaults to RUN/analysis. ``timings``, if given, is filled with seconds per stage.
-    ``plots=False`` writes no PNGs (report.json, report.md and report.html still).
-    Bad input raises GatelensError with a one-line message.
-    """
-    from .report.json_report import read_history
-    from .report.write import write_analysis
-
-    run = Path(run)
-    clock = timings if timings is not None else {}
-    t0 = time.perf_counter()
-    loaded = load_run(run, checkpoint)
-    check_perturb_pos(perturb_pos, length)
-    cfg, m = loaded.config, loaded.config["model"]
-    ids, source = run_windows(loaded, text, windows, length)  # (B, T)
-    if text is None:
-        source += f" ({windows} windows evenly spaced)"
-    base = load_run(run, 0) if 0 in checkpoint_steps(run) else None
-    clock["load"] = time.perf_counter() - t0
-    _say(progress, f"tracing {windows} windows of {length} characters")
-    model = loaded.model
-    a = measure(
-        model.rnn, encoder_runner(model.encode, lambda i: model(i)[0]), ids,
-        list(loaded.vocab.chars),
-        perturb_pos=perturb_pos, seed=int(cfg["train"].get("seed", 0)),
-        init_value=initial_keep_value(cfg["train"].get("forget_bias")),
-        baseline=None if base is None else (base.step, base.model.rnn,
-                                            encoder_runner(base.model.encode)),
-        model={"cell": m["cell"], "hidden": m["hidden"], "layers": m["layers"],
-               "step": loaded.step, "checkpoint": str(checkpoint),
-               "nonlinearity": m.get("nonlinearity", "tanh") if m["cell"] == "rnn" else None,
-               "vocab_size": loaded.vocab.size, "forget_bias": cfg["train"].get("forget_bias"),
-               "chrono": cfg["train"].get("chrono")},
-        text={"windows": windows, "length": length, "source": source}, timings=clock)
-    a.history, a.best_step = read_history(run), cfg.get("best", {}).get("step")
-    synthetic = cfg.get("corpus", {}).get("synthetic")
-    if synthetic:  # read the model's loss against what memory could and could not buy
-        a.control = {"corpus": synthetic["name"], "memoryless_loss": synthetic["memoryless_loss"],
-                     "best_loss": synthetic["best_loss"],
-                     "best_val_loss": cfg.get("best", {}).get("val_loss")}
-    t0 = time.perf_counter()
-    write_analysis(a, run / "analysis" if out is None else Path(out), plots=plots)
-    clock["write"] = time.perf_counter() - t0
-    _say(progress, f"wrote {a.out / 'report.json'}, report.md, report.html and "
-                   f"{len(a.plots)} plots")
-    return a
-
-
-def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int = 32,
-                    length: int = 128, perturb_pos: int = 32, out: str | Path,
-                    seed: int = 0) -> Analysis:
-    """Analyse weights gatelens did not train (``gatelens.foreign``) on the first windows of
-    a text file; writes the same files as ``analyze``."""
-    from .corpus import Vocab, analysis_windows, read_text_file
-    from .report.write import write_analysis
-
-    ids = analysis_windows(Vocab(list(model.vocab)), windows, length,
-                           text=read_text_file(text), where=str(text))  # (B, T)
-    a = measure(model.rnn, encoder_runner(model.encode, model if model.head is not None
-                                          else None), ids, list(model.vocab),
-                perturb_pos=perturb_pos, seed=seed,
-                model={"cell": model.cell, "hidden": model.hidden, "layers": model.layers,
-                       "step": None, "path": model.prefix.rstrip("."),
-                       "weights": str(model.source)},
-                text={"windows": windows, "length": length, "source": str(text)})
-    return write_analysis(a, out)

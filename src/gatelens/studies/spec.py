@@ -43,9 +43,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .analyze import check_perturb_pos
-from .config import TrainConfig
-from .errors import GatelensError
+from gatelens.analysis.measure import check_perturb_pos
+from gatelens.errors import GatelensError
+from gatelens.training.config import TrainConfig
 
 SECTIONS = ("grid", "train", "analysis")
 ANALYSIS_DEFAULTS = {"windows": 32, "length": 128, "perturb_pos": 32}
@@ -187,7 +187,7 @@ def parse_spec(doc: dict, where: str = "SPEC") -> StudySpec:
     if "init" in keys and ({"forget_bias", "chrono"} & keys):
         raise GatelensError(f"{where}: init and forget_bias/chrono are exclusive; give init")
     if match is not None:
-        from .cellspec import FAMILIES
+        from gatelens.families.spec import FAMILIES
 
         if match not in FAMILIES:
             raise GatelensError(f"{where}: [train] {MATCH}: expected a cell "
@@ -242,12 +242,12 @@ _VOCAB: dict[str, int] = {}
 def vocab_size(corpus: str) -> int:
     """Characters in a corpus's vocabulary (what `gatelens train` builds), cached.
 
-    >>> from gatelens.corpus import load_corpus
+    >>> from gatelens.training.corpus import load_corpus
     >>> vocab_size("brackets"), len(set(load_corpus("brackets").text))
     (12, 12)
     """
     if corpus not in _VOCAB:
-        from .corpus import Vocab, load_corpus
+        from gatelens.training.corpus import Vocab, load_corpus
 
         _VOCAB[corpus] = Vocab.from_text(load_corpus(corpus).text).size
     return _VOCAB[corpus]
@@ -256,8 +256,8 @@ def vocab_size(corpus: str) -> int:
 def _matched(setting: dict, base: dict, match: str) -> int:
     """The trial's hidden at the parameter count of a ``match`` model with ``base``'s
     settings (``base`` is the trial's setting before its table axes)."""
-    from .model import matched_hidden, parameter_count
-    from .train import model_config
+    from gatelens.training.model import matched_hidden, parameter_count
+    from gatelens.training.train import model_config
 
     vocab = vocab_size(setting["corpus"])
     ref = TrainConfig.from_dict({**base, "cell": match, "heads": 1})
@@ -318,14 +318,15 @@ def load_spec(path: str | Path) -> StudySpec:
 
 
 def preset_text(name: str) -> str:
-    """A built-in preset's TOML (src/gatelens/presets/NAME.toml).
+    """A built-in preset's TOML (src/gatelens/studies/presets/NAME.toml).
 
     >>> preset_text("cells").splitlines()[0].startswith("#")
     True
     """
     if name not in PRESETS:
         raise GatelensError(f"--preset must be one of {', '.join(PRESETS)}, got {name!r}")
-    return resources.files("gatelens").joinpath("presets", f"{name}.toml").read_text("utf-8")
+    presets = resources.files("gatelens.studies").joinpath("presets")
+    return presets.joinpath(f"{name}.toml").read_text("utf-8")
 
 
 def load_preset(name: str) -> StudySpec:

@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cellspec import FAMILIES, family_spec
-from .errors import GatelensError, positive_int
-from .foreign_io import PathLike, read_tensors, read_vocab
-from .model import CELLS
+from gatelens.errors import GatelensError, positive_int
+from gatelens.families.spec import FAMILIES, family_spec
+from gatelens.lens.foreign_io import PathLike, read_tensors, read_vocab
+from gatelens.training.model import CELLS
 
 #: Row blocks stacked in weight_ih / weight_hh of each --cell family (the cell table).
 GATES = {f: family_spec(f).n_chunks for f in FAMILIES if not family_spec(f).modern}
@@ -252,7 +252,7 @@ def load_foreign(weights: PathLike, *, vocab: PathLike, cell: str | None = None,
 
     Args:
         weights: ``.safetensors``, or a state_dict saved with torch.save (.pt, .pth, .bin).
-        vocab: the characters in index order (see :func:`gatelens.foreign_io.read_vocab`).
+        vocab: the characters in index order (see :func:`gatelens.lens.foreign_io.read_vocab`).
         cell: "lstm", "gru" or "rnn"; None: from weight_hh_l0's rows (4H, 3H, H), or an
             LSTM where there is a projection (weight_hr_l0).
         prefix: name prefix of the recurrent tensors (e.g. "encoder.rnn."); None: the only

@@ -1,9 +1,9 @@
 """The empirical side of the synthetic corpora: the ideal predictors scored on a text, and
 the distances d read back from it (docs/methods.md, "Long-memory control corpora").
 
-Scoring a generated text must agree with the exact losses of :mod:`gatelens.synthetic`:
+Scoring a generated text must agree with the exact losses of :mod:`gatelens.training.synthetic`:
 
->>> from gatelens.synthetic import describe_corpus
+>>> from gatelens.training.synthetic import describe_corpus
 >>> spec = "recall:gap=2-6,chars=50000"
 >>> m, b = empirical_losses(spec)
 >>> d = describe_corpus(spec)
@@ -17,7 +17,15 @@ import math
 
 import numpy as np
 
-from .synthetic import CLOSES, FILLERS, KEYS, OPENS, bracket_probs, parse_spec, synthetic_text
+from gatelens.training.synthetic import (
+    CLOSES,
+    FILLERS,
+    KEYS,
+    OPENS,
+    bracket_probs,
+    parse_spec,
+    synthetic_text,
+)
 
 
 def _codes(text: str) -> np.ndarray:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gatelens.cellspec import cell_of_mode
+from gatelens.families.spec import cell_of_mode
 
 
 @dataclass(frozen=True)

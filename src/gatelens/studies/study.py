@@ -4,7 +4,7 @@
     DIR/trials/<id>/analysis/step-NNNNNN/   ``gatelens analyze`` of each checkpoint (plots:
                                             the final one's only)
     DIR/trials/<id>/trial.json              status, error, checkpoints [{step, val_loss, report}]
-    DIR/study.json  DIR/study.md  DIR/study.html   the merge (``gatelens.study_report``)
+    DIR/study.json  DIR/study.md  DIR/study.html   the merge (``gatelens.studies.merge``)
 
 A trial is a Ray task (one CPU, ``torch.set_num_threads`` to match). A finished trial whose
 trial.json records the same settings is reused without training; an interrupted one is
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import GatelensError
-from .io import atomic_write_json
-from .progress import Progress, _clock
-from .runs import CONFIG, checkpoint_steps, history_rows, read_config
-from .study_spec import StudySpec, Trial, load_preset, load_spec, parse_spec
+from gatelens.errors import GatelensError
+from gatelens.io import atomic_write_json
+from gatelens.progress import Progress, _clock
+from gatelens.studies.spec import StudySpec, Trial, load_preset, load_spec, parse_spec
+from gatelens.training.runs import CONFIG, checkpoint_steps, history_rows, read_config
 
 __all__ = ["StudyResult", "load_preset", "load_spec", "parse_spec", "run_study", "run_trial"]
 
@@ -85,7 +85,7 @@ def run_trial(trial: Trial, out: str | Path, threads: int | None = None) -> dict
 
 
 def _train(trial: Trial, run: Path) -> str:
-    from .train import RESUME, train
+    from gatelens.training.train import RESUME, train
 
     cfg = trial.config()
     if (run / CONFIG).exists() and (run / RESUME).exists():
@@ -103,7 +103,7 @@ def _train(trial: Trial, run: Path) -> str:
 def _analyze_all(trial: Trial, tdir: Path) -> list[dict]:
     """``analyze`` every checkpoint (step 0 … final) on the condition's windows; PNG plots
     for the final one only (the study plots every figure over training)."""
-    from .analyze import analyze
+    from gatelens.lens.analyze import analyze
 
     run = tdir / "run"
     val = {int(r["step"]): float(r["val_loss"]) for r in history_rows(run) if r["val_loss"]}
@@ -210,7 +210,7 @@ def step_seconds(trial: Trial, threads: int = 1, steps: int = 3) -> float:
     then ``steps``) with ``threads`` torch threads."""
     import torch
 
-    from .train import Data, build, loss_on
+    from gatelens.training.train import Data, build, loss_on
 
     cfg = trial.config()
     data = Data.load(cfg)
@@ -353,7 +353,7 @@ def run_study(spec: StudySpec | str | Path, out: str | Path, *, workers: int | N
 
     Everything is checked before any work; bad input raises a one-line GatelensError.
     """
-    from .study_report import write_study
+    from gatelens.studies.merge import write_study
 
     if not isinstance(spec, StudySpec):
         spec = load_spec(spec)

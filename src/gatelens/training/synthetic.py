@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import GatelensError
+from gatelens.errors import GatelensError
 
 KINDS = ("recall", "brackets")
 KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .errors import GatelensError
-from .modern_scan import scan, scan_sequential
-from .trace_types import Trace, gate_names
+from gatelens.cells.scan import scan, scan_sequential
+from gatelens.errors import GatelensError
+from gatelens.readout.trace_types import Trace, gate_names
 
 State = Tensor | tuple[Tensor, ...] | None
 

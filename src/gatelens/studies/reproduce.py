@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from .analyze import analyze
-from .config import TrainConfig
-from .errors import GatelensError
-from .io import atomic_write_json, atomic_write_text
-from .report.reproduce_md import render_reproduce
-from .runs import history_rows, read_config
-from .seed_compare import CELLS, SEED_FIGURES, compare, forget_bias_study
+from gatelens.errors import GatelensError
+from gatelens.io import atomic_write_json, atomic_write_text
+from gatelens.lens.analyze import analyze
+from gatelens.report.reproduce_md import render_reproduce
+from gatelens.studies.seed_compare import CELLS, SEED_FIGURES, compare, forget_bias_study
+from gatelens.training.config import TrainConfig
+from gatelens.training.runs import history_rows, read_config
 
 #: Training sizes per cell (TrainConfig overrides). The LSTM is the seed's; GRU and RNN get
 #: the same 325 units and 800 steps so the series compares like with like. On 2 idle CPU
@@ -68,7 +68,9 @@ def ensure_run(cfg: TrainConfig, run: Path, progress: bool = True) -> str:
     Returns "reused", "resumed" or "trained". A run made with other settings (steps aside:
     a shorter run is extended) is an error, never silently mixed in.
     """
-    from .train import train  # imported late: training pulls in tqdm and the data code
+    from gatelens.training.train import (
+        train,  # imported late: training pulls in tqdm and the data code
+    )
 
     if (run / "config.json").exists():
         saved = read_config(run)
@@ -181,7 +183,7 @@ def _spread(out: Path, corpus: str, sizes: dict[str, dict], seeds: int,
             reports: dict[str, dict], runs: dict[str, dict], windows: int, length: int,
             perturb_pos: int, progress: bool) -> dict:
     """Each cell's series figures over seeds 0 … seeds − 1: mean, sample sd, min, max, n."""
-    from .study_report import report_figures, summarize
+    from gatelens.studies.merge import report_figures, summarize
 
     spread: dict[str, dict] = {}
     for cell in (c for c in CELLS if c in sizes):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .errors import GatelensError
-from .runs import LoadedRun
+from gatelens.errors import GatelensError
+from gatelens.training.runs import LoadedRun
 
 
 @torch.no_grad()

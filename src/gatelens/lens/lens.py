@@ -4,7 +4,7 @@ Each recurrent module is found by its ``named_modules()`` path ("" when the mode
 module; its directory is then "model"). The WHOLE model runs on the windows, so a module
 deep inside (a decoder behind its encoder) is perturbed through everything before it, and
 a forward hook records what that module received: its input and initial state. The
-measurements (``gatelens.analyze.measure``) trace the module on exactly that, so each
+measurements (``gatelens.analysis.measure.measure``) trace the module on exactly that, so each
 analysis is of the module's own trajectory.
 
 >>> import torch
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +27,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from .errors import GatelensError
-from .hooks import RECURRENT, _split_call
-from .trace import check_module
+from gatelens.errors import GatelensError
+from gatelens.readout.hooks import RECURRENT, _split_call
+from gatelens.readout.trace import check_module
+from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
-    from .analyze import Analysis, Captured, Runner
+    from gatelens.analysis.measure import Analysis, Captured, Runner
 
 __all__ = ["Lens", "LensResult", "unpack_equal"]
 
@@ -87,7 +87,7 @@ class LensResult:
 
     def _repr_html_(self) -> str:
         """Jupyter shows the index page (isolated in an iframe, as report.html is)."""
-        from .report.html import HtmlReport
+        from gatelens.report.html import HtmlReport
 
         return HtmlReport(self.index_html, height=320)._repr_html_()
 
@@ -123,7 +123,7 @@ class Lens:
                 length: int) -> tuple[Tensor, list[str], str]:
         """(ids (B, T) int64, chars, source): text becomes its first ``windows``
         consecutive ``length``-character slices; ids (B, T) are used as they are."""
-        from .corpus import Vocab, analysis_windows, read_text_file
+        from gatelens.training.corpus import Vocab, analysis_windows, read_text_file
 
         if isinstance(text_or_ids, Tensor):
             ids = text_or_ids
@@ -152,7 +152,7 @@ class Lens:
         is restored after). A packed input is unpacked (``unpack_equal``); a module
         called more than once in one forward raises GatelensError.
         """
-        from .analyze import Captured
+        from gatelens.analysis.measure import Captured
 
         module = self.modules[path]
         name = path or type(self.model).__name__
@@ -202,8 +202,8 @@ class Lens:
                 seed: int = 0) -> LensResult:
         """Measure every recurrent module; with ``out``, write OUT/<path or "model">/report.*
         and OUT/index.html (each file atomically)."""
-        from .analyze import measure
-        from .report.write import write_analysis
+        from gatelens.analysis.measure import measure
+        from gatelens.report.write import write_analysis
 
         ids, chars, source = self.windows(text_or_ids, windows, length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
@@ -219,54 +219,7 @@ class Lens:
                 write_analysis(a, result.out / dirname(path))
         result.index_html = index_page(result)
         if result.out is not None:
-            from .io import atomic_write_text
+            from gatelens.io import atomic_write_text
 
             atomic_write_text(result.out / "index.html", result.index_html)
         return result
-
-
-def dirname(path: str) -> str:
-    """The directory of a module's analysis: its path, or "model" for the model itself.
-
-    >>> dirname(""), dirname("encoder.rnn")
-    ('model', 'encoder.rnn')
-    """
-    return path or "model"
-
-
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "∞"
-    return f"{x:.3g}" if isinstance(x, float) else escape(str(x))
-
-
-def index_page(result: LensResult) -> str:
-    """A small self-contained page: one row per module, linking to its report.html when
-    written (inline CSS, no external request)."""
-    rows = []
-    for path, a in result.analyses.items():
-        rep = a.report
-        m, ver, pert = rep["model"], rep["verification"], rep["perturbation"]
-        label = escape(path or "(model)")
-        if result.out is not None:
-            label = f'<a href="{escape(dirname(path))}/report.html">{label}</a>'
-        verdict = "passed" if ver.get("passed") else "FAILED"
-        note = escape(result.notes.get(path, "") + (" " + m["directions"]
-                                                    if "directions" in m else ""))
-        rows.append(f"<tr><td>{label}</td><td>{escape(m['cell'])}</td><td>{m['hidden']}</td>"
-                    f"<td>{m['layers']}</td><td>{verdict}</td>"
-                    f"<td>{_fmt(pert.get('half_life_measured'))}</td><td>{note}</td></tr>")
-    title = f"gatelens: {escape(type_name(result))}"
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
-            f"<title>{title}</title><style>body{{font:14px sans-serif;margin:1.5em}}"
-            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;"
-            "text-align:left}</style></head><body>"
-            f"<h1>{title}</h1><table><tr><th>module</th><th>cell</th><th>hidden</th>"
-            "<th>layers</th><th>verification</th><th>perturbation half-life (chars)</th>"
-            f"<th>notes</th></tr>{''.join(rows)}</table></body></html>")
-
-
-def type_name(result: LensResult) -> str:
-    """The analysed model's class name (from the first report)."""
-    first = next(iter(result.analyses.values()), None)
-    return "" if first is None else str(first.model.get("class", ""))

@@ -18,9 +18,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
-from .corpus import Vocab
-from .errors import GatelensError
-from .io import read_utf8
+from gatelens.errors import GatelensError
+from gatelens.io import read_utf8
+from gatelens.training.corpus import Vocab
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 PICKLED = ("holds pickled Python objects, not plain tensors; gatelens reads only tensors "

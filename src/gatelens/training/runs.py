@@ -20,11 +20,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import TrainConfig
-from .corpus import Vocab
-from .errors import GatelensError
-from .io import atomic_write
-from .model import CharLM
+from gatelens.errors import GatelensError
+from gatelens.io import atomic_write
+from gatelens.training.config import TrainConfig
+from gatelens.training.corpus import Vocab
+from gatelens.training.model import CharLM
 
 CONFIG, WEIGHTS, HISTORY = "config.json", "model.safetensors", "history.csv"
 CKPT_DIR = "checkpoints"
@@ -151,7 +151,7 @@ def run_windows(loaded: LoadedRun, text: str | Path | None = None, windows: int 
     With ``text`` (a file path): its first B consecutive T-character slices. Otherwise B
     windows evenly spaced over the validation split of the run's own corpus.
     """
-    from .corpus import analysis_windows, load_corpus, read_text_file, split
+    from gatelens.training.corpus import analysis_windows, load_corpus, read_text_file, split
 
     if text is not None:
         ids = analysis_windows(loaded.vocab, windows, length, text=read_text_file(text),

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gatelens.reference import output_batch_first
-from gatelens.trace import trace
-from gatelens.trace_types import Trace
+from gatelens.families.reference import output_batch_first
+from gatelens.readout.trace import trace
+from gatelens.readout.trace_types import Trace
 
 RECURRENT = (nn.LSTM, nn.GRU, nn.RNN)
 

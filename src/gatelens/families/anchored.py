@@ -43,12 +43,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from gatelens.equations import cell_weights, lstm_gates, lstm_output, step
-from gatelens.reference import copy_layers, faithful_matmul
-from gatelens.trace import State, check_module
-from gatelens.trace import trace as trace_fn
-from gatelens.trace_types import gate_names
-from gatelens.verify import VERIFY_TOL, LayerDiff, passes
+from gatelens.cells.equations import cell_weights, lstm_gates, lstm_output, step
+from gatelens.families.reference import copy_layers, faithful_matmul
+from gatelens.readout.trace import State, check_module
+from gatelens.readout.trace import trace as trace_fn
+from gatelens.readout.trace_types import gate_names
+from gatelens.readout.verify import VERIFY_TOL, LayerDiff, passes
 
 
 def check_inputs(module: nn.Module, inputs: object,

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from gatelens.cells import (
+from gatelens.cells.kernels import (
     Schedule,
     final_state,
     layer_weights,
@@ -47,9 +47,9 @@ from gatelens.cells import (
     run_lstm,
     run_rnn,
 )
-from gatelens.cellspec import cell_of_mode, cell_spec
-from gatelens.reference import faithful_matmul, run_module
-from gatelens.trace_types import Trace, gate_names
+from gatelens.families.reference import faithful_matmul, run_module
+from gatelens.families.spec import cell_of_mode, cell_spec
+from gatelens.readout.trace_types import Trace, gate_names
 
 State = Tensor | tuple[Tensor, Tensor] | None
 ACCEPTED = "nn.LSTM, nn.GRU or nn.RNN (tanh or relu)"
@@ -269,7 +269,7 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
 def _run_anchored(module: nn.RNNBase, spec: _Input) -> tuple[dict[str, Tensor], Tensor,
                                                              Tensor | None]:
     """The anchored read-out (anchored.py) in run_stack's layout: (T, R, B) buffers."""
-    from gatelens.anchored import anchored_signals  # it builds on this module
+    from gatelens.families.anchored import anchored_signals  # it builds on this module
 
     x = spec.x.permute(2, 0, 1)  # (B, T, F)
     h0 = spec.h0.transpose(1, 2)  # (L*D, B, H_out)

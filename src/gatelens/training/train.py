@@ -25,14 +25,14 @@ import safetensors
 import torch
 import torch.nn.functional as F
 
-from ._version import version as gatelens_version
-from .config import TrainConfig
-from .corpus import Vocab, default_window_starts, load_corpus, split
-from .errors import GatelensError
-from .io import atomic_write_json, atomic_write_text
-from .model import CharLM, set_chrono, set_forget_bias
-from .progress import Progress
-from .runs import (
+from gatelens._version import version as gatelens_version
+from gatelens.errors import GatelensError
+from gatelens.io import atomic_write_json, atomic_write_text
+from gatelens.progress import Progress
+from gatelens.training.config import TrainConfig
+from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
+from gatelens.training.model import CharLM, set_chrono, set_forget_bias
+from gatelens.training.runs import (
     CKPT_DIR,
     CONFIG,
     HISTORY,
@@ -43,7 +43,7 @@ from .runs import (
     read_weights,
     save_weights,
 )
-from .seed import set_seed
+from gatelens.training.seed import set_seed
 
 RESUME = "resume.safetensors"  # weights + Adam state + RNG states of the last saved step
 HISTORY_FIELDS = ("step", "train_loss", "val_loss", "seconds")
@@ -97,7 +97,7 @@ class Data:
 
 def _synthetic(name: str) -> dict:
     """config.json's corpus "synthetic" entry (description, exact losses), if it is one."""
-    from .synthetic import describe_corpus
+    from gatelens.training.synthetic import describe_corpus
 
     desc = describe_corpus(name)
     return {"synthetic": desc} if desc else {}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .cellspec import FAMILIES, family_spec
-from .errors import GatelensError
+from gatelens.errors import GatelensError
+from gatelens.families.spec import FAMILIES, family_spec
 
 
 @dataclass

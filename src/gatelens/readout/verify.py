@@ -33,10 +33,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from gatelens.reference import copy_layers, faithful_matmul, run_module
-from gatelens.trace import State, check_module
-from gatelens.trace import trace as trace_fn
-from gatelens.trace_types import Trace
+from gatelens.families.reference import copy_layers, faithful_matmul, run_module
+from gatelens.readout.trace import State, check_module
+from gatelens.readout.trace import trace as trace_fn
+from gatelens.readout.trace_types import Trace
 
 #: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
 VERIFY_TOL = 1e-5
@@ -273,7 +273,7 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     >>> r.max_abs_diff_c is None, r.to_dict()["passed"], r.chaotic
     (True, True, False)
     """
-    from gatelens.anchored import one_step_errors  # it builds on trace and this module
+    from gatelens.families.anchored import one_step_errors  # it builds on trace and this module
 
     if getattr(module, "gatelens_modern", False):
         return verify_modern(module, inputs, state, trace, tol)
@@ -334,7 +334,7 @@ def verify_modern(module: nn.Module, inputs: Tensor, state: State = None,
     |value| in the window, at least 1 (``_scale``); the absolute figures are reported too.
 
     >>> import torch
-    >>> from gatelens.modern import MinGRU
+    >>> from gatelens.cells.modern import MinGRU
     >>> verify(MinGRU(3, 4, num_layers=2), torch.randn(2, 6, 3)).passed
     True
     """

@@ -12,7 +12,7 @@ Rendering is apart, in ``gatelens.report.reproduce_md``.
 
 from __future__ import annotations
 
-from .cellspec import FAMILIES
+from gatelens.families.spec import FAMILIES
 
 #: The seed's published figures (LSTM, 325 units, 800 steps, 32 × 128 validation characters;
 #: corpus, optimiser and learning rate unknown). Half-lives and ratio as docs/methods.md gives them.

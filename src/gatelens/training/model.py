@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cellspec import CellSpec, family_spec
-from .config import check_chrono
-from .modern import MODERN, is_modern
+from gatelens.cells.modern import MODERN, is_modern
+from gatelens.families.spec import CellSpec, family_spec
+from gatelens.training.config import check_chrono
 
 #: PyTorch's modules by ``--cell`` name; gatelens's own cells are ``modern.MODERN``.
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
@@ -33,7 +33,7 @@ class CharLM(nn.Module):
         hidden: H, units per layer.
         layers: stacked recurrent layers.
         cell: "lstm", "gru", "rnn" (PyTorch's modules) or "mingru", "minlstm", "slstm"
-            (gatelens.modern; parameters under ``rnn.`` all the same).
+            (gatelens.cells.modern; parameters under ``rnn.`` all the same).
         embed: None for one-hot input (W_ih has one column per character), else the
             embedding size.
         nonlinearity: "tanh" or "relu" (plain RNN only).

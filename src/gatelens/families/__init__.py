@@ -1,0 +1,1 @@
+"""Families: everything gatelens needs to know about one kind of recurrent module."""

@@ -1,0 +1,1 @@
+"""The ways in: a run directory, a weights file, or any nn.Module, all through ``Lens``."""

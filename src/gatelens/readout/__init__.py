@@ -1,0 +1,1 @@
+"""The read-out: ``trace``, ``verify`` and ``open_cells`` on top of the families."""

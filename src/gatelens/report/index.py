@@ -1,0 +1,56 @@
+"""The index page of a Lens analysis: one row per recurrent module, linking to its page.
+
+>>> dirname(""), dirname("encoder.rnn")
+('model', 'encoder.rnn')
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gatelens.lens.lens import LensResult
+
+
+def dirname(path: str) -> str:
+    """The directory of a module's analysis: its path, or "model" for the model itself."""
+    return path or "model"
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "∞"
+    return f"{x:.3g}" if isinstance(x, float) else escape(str(x))
+
+
+def index_page(result: LensResult) -> str:
+    """A small self-contained page: one row per module, linking to its report.html when
+    written (inline CSS, no external request)."""
+    rows = []
+    for path, a in result.analyses.items():
+        rep = a.report
+        m, ver, pert = rep["model"], rep["verification"], rep["perturbation"]
+        label = escape(path or "(model)")
+        if result.out is not None:
+            label = f'<a href="{escape(dirname(path))}/report.html">{label}</a>'
+        verdict = "passed" if ver.get("passed") else "FAILED"
+        note = escape(result.notes.get(path, "") + (" " + m["directions"]
+                                                    if "directions" in m else ""))
+        rows.append(f"<tr><td>{label}</td><td>{escape(m['cell'])}</td><td>{m['hidden']}</td>"
+                    f"<td>{m['layers']}</td><td>{verdict}</td>"
+                    f"<td>{_fmt(pert.get('half_life_measured'))}</td><td>{note}</td></tr>")
+    title = f"gatelens: {escape(type_name(result))}"
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+            f"<title>{title}</title><style>body{{font:14px sans-serif;margin:1.5em}}"
+            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;"
+            "text-align:left}</style></head><body>"
+            f"<h1>{title}</h1><table><tr><th>module</th><th>cell</th><th>hidden</th>"
+            "<th>layers</th><th>verification</th><th>perturbation half-life (chars)</th>"
+            f"<th>notes</th></tr>{''.join(rows)}</table></body></html>")
+
+
+def type_name(result: LensResult) -> str:
+    """The analysed model's class name (from the first report)."""
+    first = next(iter(result.analyses.values()), None)
+    return "" if first is None else str(first.model.get("class", ""))

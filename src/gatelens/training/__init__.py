@@ -1,0 +1,1 @@
+"""Training character-level models: corpora, the model, the loop, the run directory."""
