@@ -162,3 +162,40 @@ def signals(cell: str, proj: bool = False) -> tuple[str, ...]:
     if cell != "lstm":
         raise ValueError(f"proj=True applies to the lstm only, not {cell!r}")
     return letters[:-1] + (PROJ_SIGNAL, letters[-1])
+
+
+def layer_name(layer: int, reverse: bool = False) -> str:
+    """The name of one layer and direction: the prefix of its trace names.
+
+    >>> layer_name(0), layer_name(1, reverse=True)
+    ('layer0', 'layer1.reverse')
+    """
+    return f"layer{layer}{'.reverse' if reverse else ''}"
+
+
+def layer_names(num_layers: int, bidirectional: bool = False) -> list[str]:
+    """Every layer and direction, in trace order.
+
+    >>> layer_names(2, bidirectional=True)
+    ['layer0', 'layer0.reverse', 'layer1', 'layer1.reverse']
+    """
+    dirs = (False, True) if bidirectional else (False,)
+    return [layer_name(k, r) for k in range(num_layers) for r in dirs]
+
+
+def gate_names(
+    cell: str, num_layers: int, bidirectional: bool = False, proj: bool = False
+) -> list[str]:
+    """The exact list of names a Trace of this configuration holds, in order.
+
+    ``proj=True`` (an LSTM with ``proj_size > 0``) adds ``m`` before each ``h``.
+
+    >>> gate_names("gru", 2)
+    ['layer0.r', 'layer0.z', 'layer0.n', 'layer0.h', 'layer1.r', 'layer1.z', 'layer1.n', 'layer1.h']
+    >>> gate_names("rnn_tanh", 1, bidirectional=True)
+    ['layer0.pre', 'layer0.h', 'layer0.reverse.pre', 'layer0.reverse.h']
+    >>> gate_names("lstm", 1, proj=True)[-2:]
+    ['layer0.m', 'layer0.h']
+    """
+    letters = signals(cell, proj)
+    return [f"{name}.{s}" for name in layer_names(num_layers, bidirectional) for s in letters]

@@ -20,29 +20,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from gatelens.families.spec import CellSpec, cell_spec, signals
+from gatelens.families.spec import CellSpec, cell_spec, gate_names, layer_name
 
-
-def gate_names(
-    cell: str, num_layers: int, bidirectional: bool = False, proj: bool = False
-) -> list[str]:
-    """The exact list of names a Trace of this configuration holds, in order.
-
-    ``proj=True`` (an LSTM with ``proj_size > 0``) adds ``m`` before each ``h``.
-
-    >>> gate_names("gru", 2)
-    ['layer0.r', 'layer0.z', 'layer0.n', 'layer0.h', 'layer1.r', 'layer1.z', 'layer1.n', 'layer1.h']
-    >>> gate_names("rnn_tanh", 1, bidirectional=True)
-    ['layer0.pre', 'layer0.h', 'layer0.reverse.pre', 'layer0.reverse.h']
-    >>> gate_names("lstm", 1, proj=True)[-2:]
-    ['layer0.m', 'layer0.h']
-    """
-    letters = signals(cell, proj)
-    names = []
-    for layer in range(num_layers):
-        for direction in ("", ".reverse") if bidirectional else ("",):
-            names += [f"layer{layer}{direction}.{s}" for s in letters]
-    return names
+__all__ = ["Trace", "gate_names"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +89,6 @@ class Trace(Mapping[str, Tensor]):
 
     def layer(self, k: int, reverse: bool = False) -> dict[str, Tensor]:
         """Signals of one layer and direction, keyed by the bare letter (``f``, ``h``...)."""
-        prefix = f"layer{k}{'.reverse' if reverse else ''}."
+        prefix = layer_name(k, reverse) + "."
         return {n[len(prefix):]: t for n, t in self.tensors.items() if n.startswith(prefix)
                 and "." not in n[len(prefix):]}

@@ -1,0 +1,41 @@
+"""The registry of families: one line each, in the order they are tried.
+
+A family file must import its optional package (xlstm, transformers, onnx ...) only inside
+its methods, never at import time, so ``import gatelens`` stays light and a missing extra
+only matters when a model of that kind is opened.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from torch import nn
+
+#: "module:Class" of every family, in the order ``family_of`` tries them.
+FAMILIES: tuple[str, ...] = (
+    "gatelens.families.lstm:LSTMFamily",
+    "gatelens.families.gru:GRUFamily",
+    "gatelens.families.rnn:RNNFamily",
+    "gatelens.families.modern:MinGRUFamily",
+    "gatelens.families.modern:MinLSTMFamily",
+    "gatelens.families.modern:SLSTMFamily",
+)
+
+
+def family_classes() -> list[type]:
+    """The family classes, loaded."""
+    out = []
+    for entry in FAMILIES:
+        mod, cls = entry.split(":")
+        out.append(getattr(import_module(mod), cls))
+    return out
+
+
+def family_of(module: object):
+    """The family that opens ``module`` (an instance bound to it), or None."""
+    if not isinstance(module, nn.Module):
+        return None
+    for cls in family_classes():
+        if cls.opens(module):
+            return cls(module)
+    return None
