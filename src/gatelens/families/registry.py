@@ -19,6 +19,13 @@ FAMILIES: tuple[str, ...] = (
     "gatelens.families.modern:MinGRUFamily",
     "gatelens.families.modern:MinLSTMFamily",
     "gatelens.families.modern:SLSTMFamily",
+    # the official implementations (gatelens[modern]); each tests its class by module path
+    "gatelens.families.xlstm_slstm:XLSTMSLSTMFamily",
+    "gatelens.families.xlstm_mlstm:XLSTMMLSTMFamily",
+    "gatelens.families.mingru_pytorch:MinGRUPytorchFamily",
+    "gatelens.families.hf_mamba:HFMambaFamily",
+    "gatelens.families.mambapy:MambapyFamily",
+    "gatelens.families.hf_rwkv:HFRwkvFamily",
 )
 
 
