@@ -110,7 +110,7 @@ class MambaCell(OfficialFamily):
     def _bcdt(self, mixer: nn.Module, dt: Tensor, B: Tensor, C: Tensor):
         return dt, B, C
 
-    def cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux):
         mix = self.mixers(m)[k]
         Din, N, K = self.d_inner, self.d_state, self.d_conv
         buf, s = parts
@@ -125,7 +125,7 @@ class MambaCell(OfficialFamily):
         dt, B, C = torch.split(mix.x_proj(xc), [rank, N, N], dim=-1)
         dt, B, C = self._bcdt(mix, dt, B, C)
         delta = F.softplus(dt @ mix.dt_proj.weight.T + mix.dt_proj.bias)  # (R, Din)
-        A = -torch.exp(mix.A_log)  # (Din, N)
+        A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (Din, N): both packages take it in float32
         a = torch.exp(delta[..., None] * A)  # (R, Din, N)
         s_new = a * s.view(-1, Din, N) + delta[..., None] * B[:, None, :] * xc[..., None]
         y = (s_new @ C[..., None])[..., 0] + mix.D * xc  # (R, Din)

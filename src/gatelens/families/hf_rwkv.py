@@ -122,7 +122,7 @@ class HFRwkvFamily(OfficialFamily):
         return [z(batch, C, dtype=torch.float64), z(batch, Ca, dtype=torch.float64),
                 z(batch, Ca, dtype=torch.float64), z(batch, C, dtype=torch.float64)]
 
-    def cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux):
         blk = m.blocks[k]
         att, ffn = blk.attention, blk.feed_forward
         a_prev, num, den, f_prev = parts

@@ -144,7 +144,7 @@ class MinGRUPytorchFamily(OfficialFamily):
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         return [torch.zeros(batch, self.hidden_size, dtype=torch.float64)]
 
-    def cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux):
         rnn = m.layers[k][2] if self.lm else m
         (h,) = parts
         if self.lstm:

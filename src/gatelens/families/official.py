@@ -11,7 +11,7 @@ A family here describes its module by a few pieces, each in the module's own ter
   carried state after every step in the *dynamic form* (``parts``: a scale invariant under
   any stabiliser, e.g. RWKV's (num, den) brought back from the max-shifted form) and any
   ``aux`` a step reads from the trajectory (a stabiliser that only enters through an eps);
-- ``cell(k, m, u, parts, aux)``: the hand cell of layer k in float64 on the weights of
+- ``step_cell(k, m, u, parts, aux)``: the hand cell of layer k in float64 on the weights of
   ``m`` (a float64 copy of the module): its signals, the new parts and the cell's output;
 - ``pre``/``post``/``final``: the block around the cell (norms, residuals, feed-forward);
 - ``state_of(k, parts)``: the carried state s of METHODS "Modern families".
@@ -149,7 +149,7 @@ class OfficialFamily(Family, abc.ABC):
         """The dynamic parts of layer k before the first step (the zero state), float64."""
 
     @abc.abstractmethod
-    def cell(self, k: int, m: nn.Module, u: Tensor, parts: list[Tensor],
+    def step_cell(self, k: int, m: nn.Module, u: Tensor, parts: list[Tensor],
              aux: Tensor | None) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
         """One step of layer k's hand cell, batched over N rows: (signals, parts', y)."""
 
@@ -188,8 +188,8 @@ class OfficialFamily(Family, abc.ABC):
     def float64(self) -> nn.Module:
         """A float64 copy of the module (made once), for the hand cell and the dynamics."""
         cached = self.__dict__.get("_m64")
-        if cached is None or cached[0] is not self._weights_version():
-            m = copy.deepcopy(self.module).double().eval()
+        if cached is None or cached[0] != self._weights_version():
+            m = copy.deepcopy(self.module).double().eval().requires_grad_(False)
             cached = (self._weights_version(), m)
             self.__dict__["_m64"] = cached
         return cached[1]
@@ -239,7 +239,7 @@ class OfficialFamily(Family, abc.ABC):
                 u = ref.inputs[f"layer{k}"].double().reshape(B * T, -1)
                 aux = ref.extra["aux"][k]
                 aux = None if aux is None else aux.double().reshape(B * T, -1)
-                sig, new, y = self.cell(k, m, u, prev, aux)
+                sig, new, y = self.step_cell(k, m, u, prev, aux)
                 sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
                 for letter in self.spec.signals:
                     signals[f"layer{k}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
@@ -289,7 +289,7 @@ class OfficialFamily(Family, abc.ABC):
                     aux = ref.extra["aux"][k]
                     aux = None if aux is None else aux[:, t].double()
                     u = self.pre(k, m, x)
-                    sig, parts[k], y = self.cell(k, m, u, parts[k], aux)
+                    sig, parts[k], y = self.step_cell(k, m, u, parts[k], aux)
                     sig = {**sig, self.spec.state: self.state_of(k, parts[k]), "y": y}
                     x = self.post(k, m, x, y)
                     for letter in self.spec.signals:
@@ -315,7 +315,7 @@ class OfficialFamily(Family, abc.ABC):
                 off += widths[k]
                 own = list(parts[pos : pos + counts[k]])
                 pos += counts[k]
-                _, new, y = self.cell(k, m, self.pre(k, m, h), own, a)
+                _, new, y = self.step_cell(k, m, self.pre(k, m, h), own, a)
                 h = self.post(k, m, h, y)
                 out += new
             return out

@@ -104,7 +104,7 @@ class XLSTMMLSTMFamily(XLSTMStack):
         return [z(batch, (self.conv_width - 1) * self.inner, dtype=torch.float64),
                 z(batch, NH * d * d, dtype=torch.float64), z(batch, NH * d, dtype=torch.float64)]
 
-    def cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux):
         layer = m.blocks[k].xlstm
         cell = layer.mlstm_cell
         buf, C, n = parts

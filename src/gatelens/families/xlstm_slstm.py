@@ -222,7 +222,7 @@ class XLSTMSLSTMFamily(XLSTMStack):
         return buf + [z(batch, H, dtype=torch.float64), z(batch, H, dtype=torch.float64),
                       torch.full((batch, H), -torch.inf, dtype=torch.float64)]
 
-    def cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux):
         layer = m.blocks[k].xlstm
         cell = layer.slstm_cell
         *buf, h, s, ell = parts
