@@ -136,3 +136,21 @@ def xlstm_mlstm(layers: int = 1, dtype=torch.float32):
     torch.manual_seed(6)
     fam = XLSTMMLSTMFamily(tiny_mlstm_stack(dim=DIM, blocks=layers, heads=2, conv=3).to(dtype))
     return fam, _vec_call(fam, dtype)
+
+
+def hf_mamba2(layers: int = 1, dtype=torch.float32):
+    pytest.importorskip("transformers")
+    _quiet()
+    from transformers import Mamba2Config, Mamba2Model
+
+    from gatelens.families.hf_mamba2 import HFMamba2Family
+
+    torch.manual_seed(8)
+    cfg = Mamba2Config(vocab_size=VOCAB, hidden_size=DIM, state_size=4, num_heads=4,
+                       head_dim=8, expand=2, n_groups=2, conv_kernel=3,
+                       num_hidden_layers=layers, chunk_size=8)
+    m = Mamba2Model(cfg)
+    _spread(m, 0.3, skip=("A_log", "dt_bias"))
+    m = m.to(dtype).eval()
+    fam = HFMamba2Family(m)
+    return fam, _ids_call(fam, dtype)

@@ -15,17 +15,24 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
-from official_models import (hf_mamba, hf_rwkv, mambapy_stack, mingru_lm, xlstm_mlstm,
-                             xlstm_slstm)
-
 from gatelens.errors import GatelensError
 from gatelens.families.spec import gate_names
+from official_models import (
+    hf_mamba,
+    hf_mamba2,
+    hf_rwkv,
+    mambapy_stack,
+    mingru_lm,
+    xlstm_mlstm,
+    xlstm_slstm,
+)
 
 TOL = 1e-5
 BUILDERS = {
     "mingru-gru": lambda L: mingru_lm(L),
     "mingru-lstm": lambda L: mingru_lm(L, lstm=True),
     "hf-mamba": hf_mamba,
+    "hf-mamba2": hf_mamba2,
     "mambapy": mambapy_stack,
     "hf-rwkv": hf_rwkv,
     "xlstm-slstm": xlstm_slstm,

@@ -1,14 +1,14 @@
 """The no-return-path invariant (METHODS "Window of the input path").
 
 In one layer whose decay and input term read only the layer's input (gatelens's and
-mingru-pytorch's minGRU/minLSTM, Mamba, RWKV-4), once the layer's input is the same again
+mingru-pytorch's minGRU/minLSTM, Mamba, Mamba-2, RWKV-4), once the layer's input is the same again
 (from lag w − 1 after the changed position p: w = 1 for minGRU/minLSTM, 2 for RWKV's token
 shift, d_conv for Mamba), the state difference the module itself carries is the difference
 at lag w − 1 rolled forward by the read-out's keep factor alone:
-δs_{t} = a_t ⊙ δs_{t−1}. In float64 that holds to rounding (~1e-12); HF's Mamba step and
-RWKV's state run in float32 whatever the model's dtype, so there the figure is float32's. With
-two layers the upper layer's input differs at every lag and the identity breaks; a wrong
-decay (√a) or starting before the window has passed breaks it too.
+δs_{t} = a_t ⊙ δs_{t−1}. In float64 that holds to rounding (~1e-15); HF's Mamba and
+Mamba-2 steps and RWKV's state run in float32 whatever the model's dtype, so there the figure
+is float32's (~1e-6). With two layers the upper layer's input differs at every lag and the
+identity breaks; a wrong decay (√a) or starting before the window has passed breaks it too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
-from official_models import DIM, T, hf_mamba, hf_rwkv, mambapy_stack, mingru_lm
-
 from gatelens.cells.modern import MinGRU, MinLSTM
+from official_models import DIM, T, hf_mamba, hf_mamba2, hf_rwkv, mambapy_stack, mingru_lm
 
 P = 6  # the changed position
 
@@ -59,7 +58,8 @@ def family_gap(build, layers: int, layer: int, lag0: int | None = None,
 EXACT = {"mingru-gru": lambda L, dtype: mingru_lm(L, dtype=dtype),
          "mingru-lstm": lambda L, dtype: mingru_lm(L, lstm=True, dtype=dtype),
          "mambapy": mambapy_stack}
-FLOAT32 = {"hf-mamba": hf_mamba, "hf-rwkv": hf_rwkv}  # their steps run in float32 inside
+# their steps run in float32 inside, whatever the model's dtype
+FLOAT32 = {"hf-mamba": hf_mamba, "hf-mamba2": hf_mamba2, "hf-rwkv": hf_rwkv}
 BOTH = {**EXACT, **FLOAT32}
 
 
@@ -84,7 +84,7 @@ def test_a_wrong_decay_fails_the_invariant(kind):
     assert family_gap(BOTH[kind], 1, 0, wrong=True) > 1e-2
 
 
-@pytest.mark.parametrize("kind", ["hf-mamba", "hf-rwkv", "mambapy"])
+@pytest.mark.parametrize("kind", ["hf-mamba", "hf-mamba2", "hf-rwkv", "mambapy"])
 def test_the_input_window_must_have_passed(kind):
     # Mamba's convolution (d_conv = 3) and RWKV's token shift still read the changed input
     # at lag 1: rolling from lag 0 is not the measured difference

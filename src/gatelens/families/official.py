@@ -21,8 +21,9 @@ the trajectory's state at t − 1, all steps at once), the one-step check (state
 every link between layers against the module's own values, judged on the unit's scale as
 ``verify_modern``), the free-running re-run and the float64 dynamics of the whole stack.
 
->>> scaled_diff(torch.tensor([[[2.0], [4.0]]]), torch.tensor([[[2.0], [4.4]]]))
-(0.40000009536743164, 0.09090911258350719)
+>>> [round(d, 4) for d in scaled_diff(torch.tensor([[[2.0], [4.0]]]),
+...                                   torch.tensor([[[2.0], [4.4]]]))]
+[0.4, 0.0909]
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ FAMILIES: tuple[str, ...] = (
     "gatelens.families.xlstm_mlstm:XLSTMMLSTMFamily",
     "gatelens.families.mingru_pytorch:MinGRUPytorchFamily",
     "gatelens.families.hf_mamba:HFMambaFamily",
+    "gatelens.families.hf_mamba2:HFMamba2Family",
     "gatelens.families.mambapy:MambapyFamily",
     "gatelens.families.hf_rwkv:HFRwkvFamily",
 )

@@ -123,7 +123,8 @@ class XLSTMMLSTMFamily(XLSTMStack):
         n_new = f[..., None] * n.view(-1, NH, d) + ei * kbar  # (R, NH, d)
         num = torch.einsum("rhi,rhij->rhj", q, C_new)
         qn = torch.einsum("rhi,rhi->rh", q, n_new)[..., None]
-        htil = num / (torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(aux)[..., None])
+        denom = torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(aux)[..., None]
+        htil = num / denom  # (R, NH, d)
         h = cell.outnorm(htil[:, :, None]).transpose(1, 2).reshape(-1, self.inner)
         out = (h + layer.learnable_skip * xc) * torch.nn.functional.silu(z)
         y = layer.proj_down(out)

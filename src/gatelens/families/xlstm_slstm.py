@@ -15,7 +15,8 @@ s = c/n, the keep κ = f n / n' (the same for the stabilised and the raw values)
 dynamics carry (h, s, ℓ = m + ln n); the trace's f is the raw σ(f̃), never the stabilised f,
 and its i the cell's stabilised exp(ĩ − m'). R and b are read in the package's external
 layout (its ``_recurrent_kernel_int2ext``: (heads, d, gates, d); ``_bias_int2ext``: (heads,
-gates, d)), which both backends share; ``to_vanilla`` converts a CUDA-backend stack's cells for the CPU.
+gates, d)), which both backends share; ``to_vanilla`` converts a CUDA-backend stack's
+cells for the CPU.
 
 The module's own trajectory: the stack's ``step`` path (each layer's ``step``, the states
 passed along), run here block by block so each layer's input and output are kept.
@@ -50,8 +51,13 @@ def tiny_slstm_stack(dim: int = 8, blocks: int = 1, heads: int = 2, conv: int = 
                      context: int = 32, ffn: bool = True) -> nn.Module:
     """A small random xLSTMBlockStack of sLSTM blocks on the vanilla backend, with R and
     the biases randomised (xlstm initialises R at zero)."""
-    from xlstm import (FeedForwardConfig, sLSTMBlockConfig, sLSTMLayerConfig,
-                       xLSTMBlockStack, xLSTMBlockStackConfig)
+    from xlstm import (
+        FeedForwardConfig,
+        sLSTMBlockConfig,
+        sLSTMLayerConfig,
+        xLSTMBlockStack,
+        xLSTMBlockStackConfig,
+    )
 
     layer = sLSTMLayerConfig(backend="vanilla", num_heads=heads, conv1d_kernel_size=conv,
                              bias_init="powerlaw_blockdependent")
