@@ -215,3 +215,60 @@ def test_mingru_step_path_parts_from_the_scan_by_rounding_only():
     ref = fam.reference(make(0))
     abs_, scaled = ref.extra["step_vs_forward"]
     assert 0 < scaled < 1e-5
+
+
+def _inside(model: torch.nn.Module, run) -> tuple:
+    """The one module a family opens inside ``model``, and what it received when ``run``
+    ran the whole model (as Lens records it with a forward hook)."""
+    from gatelens.families.hf_mamba import HFMambaFamily
+    from gatelens.families.hf_rwkv import HFRwkvFamily
+    from gatelens.families.mambapy import MambapyFamily
+    from gatelens.families.xlstm_slstm import XLSTMSLSTMFamily
+
+    found = [(n, cls) for n, mod in model.named_modules()
+             for cls in (HFMambaFamily, HFRwkvFamily, MambapyFamily, XLSTMSLSTMFamily)
+             if cls.opens(mod)]
+    assert len(found) == 1, found
+    path, cls = found[0]
+    fam = cls(model.get_submodule(path))
+    seen = {}
+    handle = fam.module.register_forward_hook(
+        lambda m, a, k, o: seen.update(call=fam.split_call(a, k)), with_kwargs=True)
+    with torch.no_grad():
+        out = run()
+    handle.remove()
+    return fam, fam.check(*seen["call"]), out
+
+
+@pytest.mark.parametrize("which", ["hf-mamba", "hf-rwkv", "mambapy", "xlstm"])
+def test_opened_inside_their_language_models(which):
+    from gatelens.families.official import output_logits
+
+    ids = torch.randint(0, 11, (2, 10))
+    if which == "xlstm":
+        xlstm = pytest.importorskip("xlstm")
+        cfg = xlstm.xLSTMLMModelConfig(
+            vocab_size=11, slstm_block=xlstm.sLSTMBlockConfig(slstm=xlstm.sLSTMLayerConfig(
+                backend="vanilla", num_heads=2)), context_length=16, num_blocks=1,
+            embedding_dim=8, slstm_at="all")
+        lm = xlstm.xLSTMLMModel(cfg).eval()
+    elif which == "mambapy":
+        pytest.importorskip("mambapy")
+        from mambapy.mamba import Mamba, MambaConfig
+        # mambapy 1.2.0's own MambaLM (mambapy.lm) imports mamba_ssm, a CUDA-only package,
+        # at import time: on the CPU the stack is wrapped by hand
+        lm = torch.nn.Sequential(torch.nn.Embedding(11, 8), Mamba(MambaConfig(
+            d_model=8, n_layers=1, d_state=2)), torch.nn.Linear(8, 11)).eval()
+    else:
+        transformers = pytest.importorskip("transformers")
+        if which == "hf-mamba":
+            lm = transformers.MambaForCausalLM(transformers.MambaConfig(
+                vocab_size=11, hidden_size=8, state_size=2, num_hidden_layers=1)).eval()
+        else:
+            lm = transformers.RwkvForCausalLM(transformers.RwkvConfig(
+                vocab_size=11, hidden_size=8, num_hidden_layers=2, context_length=16,
+                attention_hidden_size=8, intermediate_size=16)).eval()
+    fam, call, out = _inside(lm, lambda: lm(ids))
+    assert call.inputs.shape[:2] == (2, 10)
+    assert max(r.max_scaled_diff_h for r in fam.one_step(call, fam.reference(call))) < TOL
+    assert output_logits(out).shape == (2, 10, 11)  # HF: the ModelOutput's .logits

@@ -9,7 +9,9 @@ C applied by the mixer's own ``_apply_layernorms``. Its mixer class is named
 module's own trajectory: its ``step`` path (``ResidualBlock.step``: ``mixer.step`` on the
 norm, with the cache (s, the convolution's inputs) passed along), run here layer by layer so
 each layer's input and output are kept; the whole-sequence forward (pscan or its sequential
-scan) is compared with it (``step_vs_forward``).
+scan) is compared with it (``step_vs_forward``). mambapy 1.2.0's ``mambapy.lm`` (its
+``MambaLM``) imports ``mamba_ssm``, a CUDA-only package, at import time, so on the CPU the
+stack is used inside a model of one's own; the family never imports ``mambapy.lm``.
 
 >>> import torch
 >>> from mambapy.mamba import Mamba, MambaConfig
