@@ -109,6 +109,8 @@ class OfficialFamily(Family, abc.ABC):
 
     #: the trace cell name in ``families.spec.CELLS``
     cell_name: str = ""
+    #: whether a step reads ``aux`` from the module's trajectory (xlstm's stabiliser m)
+    uses_aux: bool = False
 
     # ---- facts ---------------------------------------------------------------------
     @property
@@ -279,7 +281,8 @@ class OfficialFamily(Family, abc.ABC):
                 for r, (a, s) in zip(rows, self.links(ref), strict=True)]
 
     def rerun(self, call: Call) -> Readout:
-        ref = self.reference(call)
+        L = self.num_layers
+        aux_all = self.reference(call).extra["aux"] if self.uses_aux else [None] * L
         m, B, dtype = self.float64(), call.batch, call.inputs.dtype
         parts = [self.initial_parts(k, B) for k in range(self.num_layers)]
         seq: dict[str, list[Tensor]] = {}
@@ -287,7 +290,7 @@ class OfficialFamily(Family, abc.ABC):
             for t in range(call.length):
                 x = call.inputs[:, t].double()
                 for k in range(self.num_layers):
-                    aux = ref.extra["aux"][k]
+                    aux = aux_all[k]
                     aux = None if aux is None else aux[:, t].double()
                     u = self.pre(k, m, x)
                     sig, parts[k], y = self.step_cell(k, m, u, parts[k], aux)

@@ -97,6 +97,7 @@ class XLSTMStack(OfficialFamily):
     """An xLSTMBlockStack whose blocks are all of one kind (``kind``)."""
 
     kind = ""
+    uses_aux = True
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
