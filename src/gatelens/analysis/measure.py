@@ -34,6 +34,7 @@ from gatelens.analysis import (
 from gatelens.analysis.divergence import DivergenceRate, divergence_rate
 from gatelens.analysis.reach import OutputReach, output_reach
 from gatelens.errors import GatelensError
+from gatelens.families.adapter import family_only
 from gatelens.readout.trace import State, trace
 from gatelens.readout.trace_types import Trace
 from gatelens.readout.verify import VerifyResult, verify
@@ -159,6 +160,10 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     perturbed = perturb_windows(ids, perturb_pos, len(chars), seed)  # (B, T)
     t0 = time.perf_counter()
     cap, cap2 = runner(ids), runner(perturbed)
+    fam = family_only(module)  # a module only a family opens (ONNX / Keras variants)
+    if fam is not None:
+        return _measure_family(fam, cap, cap2, ids, chars, perturbed, perturb_pos, seed,
+                               init_value, model, text, clock, t0)
     tr = trace(module, cap.inputs, cap.state)
     tr2 = trace(module, cap2.inputs, cap2.state)
     base_tr = None
@@ -192,6 +197,40 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
         perturbation=perturbation_decay(tr, tr2, perturb_pos, decomposition=dec),
         decomposition=dec, char_classes=char_classes(tr, ids, chars), divergence=div,
         reach=reach, reach_note=note, baseline=base)
+    clock["analyses"] = time.perf_counter() - t0
+    return a
+
+
+def _measure_family(fam, cap: Captured, cap2: Captured, ids: Tensor, chars: list[str],
+                    perturbed: Tensor, perturb_pos: int, seed: int, init_value: float,
+                    model: dict | None, text: dict | None, clock: dict, t0: float) -> Analysis:
+    """``measure`` for a module only a family opens (families/adapter.py), no baseline."""
+    from gatelens.families.adapter import family_divergence, family_trace, family_verify
+
+    if not any(n.startswith("layer0.") and ".reverse." not in n for n in fam.names()):
+        raise GatelensError("a reverse-only recurrent module cannot be measured (the "
+                            "measurements follow the text forward); trace it instead")
+    tr, tr2 = (family_trace(fam, c.inputs, c.state) for c in (cap, cap2))
+    clock["trace"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ver = family_verify(fam, cap.inputs, cap.state, trace=tr)
+    clock["verification"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    div = family_divergence(fam, cap.inputs, seed=seed,
+                            burn_in=min(BURN_IN, ids.shape[1] // 2), state=cap.state)
+    clock["divergence"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reach, note = _reach(cap.logits, cap2.logits, ids, perturb_pos, len(chars))
+    dec = decompose(tr, tr2, perturb_pos)
+    a = Analysis(
+        model=dict(model or {**fam.describe(), "step": None}),
+        text=dict(text or {"windows": ids.shape[0], "length": ids.shape[1], "source": "ids"}),
+        chars=list(chars), windows=ids, perturbed=perturbed, perturb_pos=perturb_pos,
+        trace=tr, trace_perturbed=tr2, verification=ver, gates=gate_distributions(tr),
+        units=unit_timescales(tr, init_value),
+        perturbation=perturbation_decay(tr, tr2, perturb_pos, decomposition=dec),
+        decomposition=dec, char_classes=char_classes(tr, ids, chars), divergence=div,
+        reach=reach, reach_note=note)
     clock["analyses"] = time.perf_counter() - t0
     return a
 

@@ -19,6 +19,8 @@ FAMILIES: tuple[str, ...] = (
     "gatelens.families.modern:MinGRUFamily",
     "gatelens.families.modern:MinLSTMFamily",
     "gatelens.families.modern:SLSTMFamily",
+    "gatelens.families.variants:VariantLSTMFamily",
+    "gatelens.families.variants:VariantGRUFamily",
 )
 
 
