@@ -207,3 +207,44 @@ def read_keras(path: str | Path) -> KerasFile:
                             f"{' '.join(str(e).split())[:120]})") from None
     raise GatelensError(f"{p}: an HDF5 file that is not a Keras model or weights file (no "
                         "model_config, layer_names or layers group)")
+
+
+def layer_arrays(path: str | Path, name: str) -> list[np.ndarray]:
+    """The weights of any layer (an Embedding's table, a Dense's kernel and bias), in the
+    layer's own order; GatelensError naming the layers there are when ``name`` is none."""
+    h5py = _need_h5py()
+    p, found, seen = Path(path), None, []
+
+    def keras3(h5: Any) -> list[np.ndarray] | None:
+        def walk(g: Any) -> list[np.ndarray] | None:
+            for key in g:
+                sub = g[key]
+                if not hasattr(sub, "keys") or "vars" not in sub:
+                    continue
+                own = _text(sub["vars"].attrs.get("name", key))
+                seen.append(own)
+                if own == name:
+                    return [np.asarray(sub["vars"][k]) for k in sorted(sub["vars"], key=int)]
+                if "layers" in sub and (hit := walk(sub["layers"])) is not None:
+                    return hit
+            return None
+        return walk(h5["layers"]) if "layers" in h5 else None
+
+    if zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as z, h5py.File(io.BytesIO(z.read("model.weights.h5"))) as h5:
+            found = keras3(h5)
+    else:
+        with h5py.File(p, "r") as f:
+            root = f["model_weights"] if "model_weights" in f else f
+            if "layer_names" in root.attrs:
+                for layer in _names(root.attrs["layer_names"]):
+                    seen.append(layer)
+                    if layer == name:
+                        g = root[layer]
+                        found = [np.asarray(g[n]) for n in _names(g.attrs.get("weight_names"))]
+            else:
+                found = keras3(f)
+    if not found:
+        raise GatelensError(f"{p}: no layer {name!r} with weights; layers here: "
+                            f"{', '.join(seen) or 'none'}")
+    return found
