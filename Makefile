@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch pinned to the CPU build that lies on disk (an unpinned torch pulls CUDA, GBs)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,study]'
+	$(PY) -m pip install --quiet -e '.[test,study,onnx,keras]'
 	touch $(STAMP)
 
 install: $(STAMP)
