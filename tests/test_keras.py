@@ -20,7 +20,6 @@ from torch import nn
 import gatelens
 from gatelens.cells.variants import ACTIVATIONS, VariantGRU, VariantLSTM
 from gatelens.errors import GatelensError
-from gatelens.families.adapter import family_only, family_trace
 
 os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, so no TensorFlow is needed
 keras = pytest.importorskip("keras")
@@ -56,9 +55,8 @@ def _off(got, want):
 
 
 def _readout(module, x, state=None):
-    """The read-out (gatelens.trace, or the family's anchored read-out) of a module."""
-    fam = family_only(module)
-    return gatelens.trace(module, x, state) if fam is None else family_trace(fam, x, state)
+    """The read-out of a module: gatelens.trace, through the module's family."""
+    return gatelens.trace(module, x, state)
 
 
 def _h(tr):

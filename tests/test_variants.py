@@ -1,4 +1,4 @@
-"""The variant cells (cells/variants.py) and their families (families/variants.py, adapter.py).
+"""The variant cells (cells/variants.py) and their families (families/variants.py).
 
 Held against PyTorch where the equations coincide (sigmoid/tanh, reset after), against hand
 computations where they do not (peepholes, reset before, hard_sigmoid), and the families'
@@ -18,8 +18,8 @@ from gatelens.analysis.divergence import divergence_rate
 from gatelens.analysis.measure import encoder_runner, measure
 from gatelens.cells.variants import VariantGRU, VariantLSTM, gru_variant_step, lstm_variant_step
 from gatelens.errors import GatelensError
-from gatelens.families.adapter import family_divergence, family_only, family_trace, family_verify
 from gatelens.families.base import Readout
+from gatelens.families.registry import family_of
 from gatelens.families.variants import VariantGRUFamily, VariantLSTMFamily
 
 
@@ -92,12 +92,12 @@ def test_gru_reset_before_by_hand():
 
 def test_family_names_checks_and_errors():
     m = VariantLSTM(3, 4, directions=("forward", "reverse"), peepholes=True)
-    fam = family_only(m)
+    fam = family_of(m)
     assert isinstance(fam, VariantLSTMFamily)
     assert fam.names() == [f"layer0{d}.{s}" for d in ("", ".reverse") for s in "ifgoch"]
     rev = VariantGRUFamily(VariantGRU(3, 4, directions=("reverse",)))
     assert rev.names() == [f"layer0.reverse.{s}" for s in "rznh"]
-    assert family_only(nn.LSTM(3, 4)) is None
+    assert not isinstance(family_of(nn.LSTM(3, 4)), VariantLSTMFamily)
     x = torch.randn(2, 8, 3)
     call = fam.check(x)
     ref = fam.reference(call)
@@ -119,22 +119,21 @@ def test_family_names_checks_and_errors():
         VariantGRU(3, 4, directions=("reverse", "forward"))
 
 
-def test_adapter_figures_equal_the_nn_rnnbase_machinery():
+def test_variant_figures_equal_the_nn_lstm_ones():
     torch.manual_seed(1)
     lstm = nn.LSTM(3, 6, batch_first=True)
     with torch.no_grad():
         lstm.weight_hh_l0.mul_(3)  # livelier dynamics than the default init
     v = VariantLSTM.from_lstm(lstm)
     x = torch.randn(3, 30, 3)
-    fam = family_only(v)
-    mine, want = family_divergence(fam, x, seed=4, burn_in=5), divergence_rate(lstm, x, 4, 5)
+    mine, want = divergence_rate(v, x, 4, 5), divergence_rate(lstm, x, 4, 5)
     assert mine.lyapunov_per_char == pytest.approx(want.lyapunov_per_char, abs=1e-6)
-    tr, ref_tr = family_trace(fam, x), gatelens.trace(lstm, x)
-    assert list(tr) == list(ref_tr)
+    tr, ref_tr = gatelens.trace(v, x), gatelens.trace(lstm, x)
+    assert list(tr) == list(ref_tr) and tr.cell == "lstm_variant"
     assert all((tr[n] - ref_tr[n]).abs().max() < 1e-5 for n in tr)
-    res = family_verify(fam, x, trace=tr)
+    res = gatelens.verify(v, x, trace=tr)
     assert res.passed and res.one_step_max_scaled_diff_h is None  # tanh: h judged absolutely
-    relu = family_verify(family_only(VariantGRU(3, 4, activation="relu")), x)
+    relu = gatelens.verify(VariantGRU(3, 4, activation="relu"), x)
     assert relu.one_step_max_scaled_diff_h is not None  # unbounded h: judged on its scale
 
 
@@ -147,7 +146,7 @@ def test_measure_on_a_variant_and_the_exact_perturbation_split():
     a = measure(m, encoder_runner(lambda i: nn.functional.one_hot(i, 4).float()), ids,
                 list("abcd"), perturb_pos=8)
     assert a.verification.passed and a.trace.cell == "lstm_variant"
-    assert a.report["model"]["family"] == "variant_lstm" and a.report["model"]["cell"] == "lstm"
+    assert a.verification.meta["family"] == "variant_lstm"
     d = a.decomposition
     assert (d["forget_path"] + d["return_path"] - d["measured"]).abs().max() < 1e-6
     with pytest.raises(GatelensError, match="reverse-only recurrent module cannot be measured"):

@@ -31,13 +31,15 @@ from gatelens.analysis import (
     perturbation_decay,
     unit_timescales,
 )
-from gatelens.analysis.divergence import DivergenceRate, divergence_rate
+from gatelens.analysis.divergence import DivergenceRate, rate_of
 from gatelens.analysis.reach import OutputReach, output_reach
+from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
-from gatelens.families.adapter import family_only
-from gatelens.readout.trace import State, trace
+from gatelens.families.base import Call, Family, Reference
+from gatelens.families.registry import open_family
+from gatelens.readout.trace import State, read, trace
 from gatelens.readout.trace_types import Trace
-from gatelens.readout.verify import VerifyResult, verify
+from gatelens.readout.verify import VerifyResult, verify_call
 
 BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 
@@ -158,29 +160,27 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     if len(chars) < 2:
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     perturbed = perturb_windows(ids, perturb_pos, len(chars), seed)  # (B, T)
+    fam = open_family(module, "measure()")
+    if all(n.split(".")[1] == "reverse" for n in fam.names()):  # an ONNX reverse-only node
+        raise GatelensError("a reverse-only recurrent module cannot be measured (the "
+                            "measurements follow the text forward); trace it instead")
     t0 = time.perf_counter()
     cap, cap2 = runner(ids), runner(perturbed)
-    fam = family_only(module)  # a module only a family opens (ONNX / Keras variants)
-    if fam is not None:
-        return _measure_family(fam, cap, cap2, ids, chars, perturbed, perturb_pos, seed,
-                               init_value, model, text, clock, t0)
-    tr = trace(module, cap.inputs, cap.state)
-    tr2 = trace(module, cap2.inputs, cap2.state)
+    call, ref, tr = _read(fam, cap)
+    _, _, tr2 = _read(fam, cap2)
     base_tr = None
     if baseline is not None:
-        b = baseline[2](ids)
-        base_tr = trace(baseline[1], b.inputs, b.state)
+        _, _, base_tr = _read(open_family(baseline[1], "measure()"), baseline[2](ids))
     clock["trace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ver = verify(module, cap.inputs, cap.state, trace=tr)
+    ver = verify_call(fam, call, ref, trace=tr)
     clock["verification"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     div = None
-    if not isinstance(cap.inputs, PackedSequence):
-        x = cap.inputs if module.batch_first or cap.inputs.ndim == 2 else cap.inputs.transpose(0, 1)
+    if call.layout.get("packed") is None:
         # docs/methods.md's burn-in of 16 steps; half the window when windows are shorter
-        div = divergence_rate(module, x if x.ndim == 3 else x[None], seed=seed,
-                              burn_in=min(BURN_IN, ids.shape[1] // 2), state=cap.state)
+        div = rate_of(fam.dynamics(call, ref), seed=seed,
+                      burn_in=min(BURN_IN, ids.shape[1] // 2))
     clock["divergence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     reach, note = _reach(cap.logits, cap2.logits, ids, perturb_pos, len(chars))
@@ -201,38 +201,13 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     return a
 
 
-def _measure_family(fam, cap: Captured, cap2: Captured, ids: Tensor, chars: list[str],
-                    perturbed: Tensor, perturb_pos: int, seed: int, init_value: float,
-                    model: dict | None, text: dict | None, clock: dict, t0: float) -> Analysis:
-    """``measure`` for a module only a family opens (families/adapter.py), no baseline."""
-    from gatelens.families.adapter import family_divergence, family_trace, family_verify
-
-    if not any(n.startswith("layer0.") and ".reverse." not in n for n in fam.names()):
-        raise GatelensError("a reverse-only recurrent module cannot be measured (the "
-                            "measurements follow the text forward); trace it instead")
-    tr, tr2 = (family_trace(fam, c.inputs, c.state) for c in (cap, cap2))
-    clock["trace"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ver = family_verify(fam, cap.inputs, cap.state, trace=tr)
-    clock["verification"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    div = family_divergence(fam, cap.inputs, seed=seed,
-                            burn_in=min(BURN_IN, ids.shape[1] // 2), state=cap.state)
-    clock["divergence"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    reach, note = _reach(cap.logits, cap2.logits, ids, perturb_pos, len(chars))
-    dec = decompose(tr, tr2, perturb_pos)
-    a = Analysis(
-        model=dict(model or {**fam.describe(), "step": None}),
-        text=dict(text or {"windows": ids.shape[0], "length": ids.shape[1], "source": "ids"}),
-        chars=list(chars), windows=ids, perturbed=perturbed, perturb_pos=perturb_pos,
-        trace=tr, trace_perturbed=tr2, verification=ver, gates=gate_distributions(tr),
-        units=unit_timescales(tr, init_value),
-        perturbation=perturbation_decay(tr, tr2, perturb_pos, decomposition=dec),
-        decomposition=dec, char_classes=char_classes(tr, ids, chars), divergence=div,
-        reach=reach, reach_note=note)
-    clock["analyses"] = time.perf_counter() - t0
-    return a
+def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:
+    """A captured call checked, its reference computed once, and its anchored trace."""
+    call = fam.check(cap.inputs, cap.state)
+    with torch.no_grad(), faithful_matmul(call.inputs.device):
+        ref = fam.reference(call)
+    return call, ref, read(fam, call, ref) if call.layout.get("packed") is None else \
+        trace(fam.module, cap.inputs, cap.state)
 
 
 def _reach(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor, position: int,

@@ -213,7 +213,8 @@ class _VariantFamily(Family):
         dc = sc = None
         if self.n_parts == 2:
             dc, sc = _diff(got["c"], want["c"])
-        return LayerDiff(0, reverse, dh, dc, sc, sh)
+        # h bounded by its activations is judged absolutely, as nn.LSTM's; else on its scale
+        return LayerDiff(0, reverse, dh, dc, sc, None if self.bounded_h else sh)
 
     def one_step(self, call: Call, ref: Reference) -> list[LayerDiff]:
         rows = []
@@ -258,8 +259,7 @@ class VariantLSTMFamily(_VariantFamily):
     """ONNX LSTM with peepholes, Keras LSTM with a non-sigmoid/tanh activation."""
 
     name = "variant_lstm"
-    opens_what = ("gatelens.cells.variants.VariantLSTM: ONNX LSTM with peepholes, Keras LSTM "
-                  "with any recurrent activation and activation")
+    opens_what = "gatelens's VariantLSTM"
     module_class = VariantLSTM
     cell_name = "lstm_variant"
 
@@ -272,8 +272,7 @@ class VariantGRUFamily(_VariantFamily):
     activations."""
 
     name = "variant_gru"
-    opens_what = ("gatelens.cells.variants.VariantGRU: ONNX GRU with linear_before_reset = 0, "
-                  "Keras GRU with reset_after = False or any activations")
+    opens_what = "gatelens's VariantGRU"
     module_class = VariantGRU
     cell_name = "gru_variant"
 

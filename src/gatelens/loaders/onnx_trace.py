@@ -116,7 +116,6 @@ def _state(a: np.ndarray | None, layout: int) -> Tensor | None:
 def trace_node(name: str, module: nn.Module, got: dict[str, np.ndarray], where: str):
     """The Trace of one node on what it received, checked against its own outputs."""
     import gatelens
-    from gatelens.families.adapter import family_only, family_trace
 
     info = module.onnx_node
     layout = info["layout"]
@@ -134,8 +133,7 @@ def trace_node(name: str, module: nn.Module, got: dict[str, np.ndarray], where: 
     h0 = zeros if h0 is None else h0
     lstm = info["op"] == "LSTM"
     state = (h0, zeros if c0 is None else c0) if lstm else h0
-    fam = family_only(module)
-    tr = gatelens.trace(module, x, state) if fam is None else family_trace(fam, x, state)
+    tr = gatelens.trace(module, x, state)  # the node's module, through its family
     Y = torch.from_numpy(np.ascontiguousarray(got["Y"]))  # (T, D, B, H) or (B, T, D, H)
     Y = Y.permute(2, 1, 0, 3) if layout == 0 else Y.permute(0, 2, 1, 3)  # (B, D, T, H)
     dirs = getattr(module, "directions", ("forward", "reverse")[:D])
