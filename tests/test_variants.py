@@ -149,6 +149,9 @@ def test_measure_on_a_variant_and_the_exact_perturbation_split():
     assert a.verification.meta["family"] == "variant_lstm"
     d = a.decomposition
     assert (d["forget_path"] + d["return_path"] - d["measured"]).abs().max() < 1e-6
+    with gatelens.open_cells(nn.Sequential(m)) as cache:  # the hooks read a variant too
+        m(torch.randn(2, 5, 4))
+    assert cache["0.layer0.f"].shape == (2, 5, 6) and cache.max_abs_diff["0"] < 1e-6
     with pytest.raises(GatelensError, match="reverse-only recurrent module cannot be measured"):
         measure(VariantGRU(4, 3, directions=("reverse",)),
                 encoder_runner(lambda i: nn.functional.one_hot(i, 4).float()), ids,

@@ -119,8 +119,11 @@ class _VariantFamily(Family):
 
     def describe(self) -> dict:
         m = self.module
-        out = {**super().describe(), "directions": list(m.directions),
-               "recurrent_activation": m.recurrent_activation, "activation": m.activation}
+        out = {**super().describe(), "recurrent_activation": m.recurrent_activation,
+               "activation": m.activation}
+        if m.bidirectional:  # the same note as nn.RNNBase's (index.html shows it)
+            out["directions"] = ("forward direction measured; the reverse direction's gates "
+                                 "are in the trace")
         if isinstance(m, VariantLSTM):
             out["peepholes"] = m.peephole is not None
         else:
@@ -232,6 +235,15 @@ class _VariantFamily(Family):
             want = {s: ref.states[f"{name}.{s}"] for s in ("h", "c")[: self.n_parts]}
             rows.append(self._layer_diff(reverse, got, want))
         return rows
+
+    def output_diff(self, readout: Readout, output: Any) -> float:
+        """max |read-out − module| over its output and final states (open_cells)."""
+        out, final = output
+        mine = torch.cat([readout.signals[f"{n}.h"] for _, _, n in self.layers()], dim=-1)
+        parts = [(mine, out), (readout.h_n, final[0] if isinstance(final, tuple) else final)]
+        if self.n_parts == 2:
+            parts.append((readout.c_n, final[1]))
+        return max(_diff(a, b.detach())[0] for a, b in parts)
 
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         out = []

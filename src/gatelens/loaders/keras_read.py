@@ -66,7 +66,15 @@ def _names(v: Any) -> list[str]:
 
 
 def layer_configs(config: Any) -> dict[str, dict]:
-    """Every layer config of a model config, by layer name, nested models included."""
+    """Every layer config of a model config, by layer name, nested models included.
+
+    >>> cfg = {"class_name": "Sequential", "config": {"layers": [
+    ...     {"class_name": "LSTM", "config": {"name": "enc"}},
+    ...     {"class_name": "Sequential", "config": {"name": "sub", "layers": [
+    ...         {"class_name": "GRU", "config": {"name": "dec"}}]}}]}}
+    >>> sorted(layer_configs(cfg))
+    ['dec', 'enc', 'sub']
+    """
     out: dict[str, dict] = {}
 
     def walk(layers: Any) -> None:

@@ -42,7 +42,15 @@ class Found:
 
 def recurrent_nodes(graph: Any) -> list[Found]:
     """Every LSTM/GRU/RNN node of ``graph`` and its subgraphs, in graph order; an unnamed
-    node is named ``<op>#<k>`` (its index among the found nodes)."""
+    node is named ``<op>#<k>`` (its index among the found nodes).
+
+    >>> from onnx import helper
+    >>> body = helper.make_graph([helper.make_node("GRU", ["x", "w", "r"], ["y"])], "b", [], [])
+    >>> loop = helper.make_node("Loop", ["n", "c"], ["o"], body=body, name="loop")
+    >>> [(f.name, [n.name for n, _ in f.scope]) for f in
+    ...  recurrent_nodes(helper.make_graph([loop], "g", [], []))]
+    [('GRU#0', ['loop'])]
+    """
     out: list[Found] = []
 
     def walk(g: Any, scope: list, graphs: list) -> None:
