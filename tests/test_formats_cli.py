@@ -13,8 +13,11 @@ import shutil
 import warnings
 
 import numpy as np
+import onnx  # the onnx extra, which make installs: a missing one fails, never skips
+import onnxruntime as ort
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from safetensors.torch import save_file
 from torch import nn
 
@@ -22,10 +25,6 @@ from gatelens.cli import main
 from gatelens.errors import GatelensError
 from gatelens.lens.foreign import file_kind, load_foreign
 from gatelens.lens.foreign_io import sniff
-
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 CHARS = list("abcdefgh \n")
 V = len(CHARS)
@@ -175,7 +174,9 @@ def test_state_dicts_without_extension_and_a_short_vocabulary(files):
 
 def _keras():
     os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported: no TensorFlow
-    return pytest.importorskip("keras")
+    import keras
+
+    return keras
 
 
 @pytest.mark.filterwarnings(

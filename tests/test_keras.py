@@ -22,8 +22,9 @@ from gatelens.cells.variants import ACTIVATIONS, VariantGRU, VariantLSTM
 from gatelens.errors import GatelensError
 
 os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported, so no TensorFlow is needed
-keras = pytest.importorskip("keras")
-h5py = pytest.importorskip("h5py")
+import h5py  # noqa: E402  (the keras extra; keras itself from the test extra)
+import keras  # noqa: E402
+
 from gatelens.loaders.keras_file import open_keras  # noqa: E402
 
 L = keras.layers

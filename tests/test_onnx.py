@@ -11,20 +11,17 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx  # the onnx extra, which make installs: a missing one fails, never skips
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import gatelens
 from gatelens.cells.variants import VariantGRU, VariantLSTM
 from gatelens.errors import GatelensError
-
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from gatelens.loaders.onnx_file import open_onnx  # noqa: E402
-from gatelens.loaders.onnx_trace import trace_onnx  # noqa: E402
+from gatelens.loaders.onnx_file import open_onnx
+from gatelens.loaders.onnx_trace import trace_onnx
 
 RNG = np.random.default_rng(0)
 F32 = TensorProto.FLOAT
