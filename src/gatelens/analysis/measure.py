@@ -161,6 +161,9 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     perturbed = perturb_windows(ids, perturb_pos, len(chars), seed)  # (B, T)
     fam = open_family(module, "measure()")
+    if all(n.split(".")[1] == "reverse" for n in fam.names()):  # an ONNX reverse-only node
+        raise GatelensError("a reverse-only recurrent module cannot be measured (the "
+                            "measurements follow the text forward); trace it instead")
     t0 = time.perf_counter()
     cap, cap2 = runner(ids), runner(perturbed)
     call, ref, tr = _read(fam, cap)

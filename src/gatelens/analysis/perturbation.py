@@ -87,7 +87,7 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
         return None
     s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
     f, f2 = (pooled(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
-    if trace.cell == "lstm":
+    if trace.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
         i, g = (pooled(trace, k).double() for k in "ig")
         i2, g2 = (pooled(perturbed, k).double() for k in "ig")
         entry = i * g  # (B, T, S): what the unperturbed cell writes

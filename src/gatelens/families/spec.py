@@ -114,6 +114,16 @@ CELLS: dict[str, CellSpec] = {
         bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
                 "s": TANH, "h": TANH},
         display={"kappa": "keep κ = f n / n'", "s": "state c/n"}),
+    # ONNX / Keras cells PyTorch has no module for (cells/variants.py): the LSTM's and the
+    # GRU's letters; their gate ranges depend on the activations, so no bounds are fixed.
+    "lstm_variant": CellSpec(
+        name="lstm_variant", family="lstm", mode=None, chunks=("i", "f", "g", "o"),
+        signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
+        keep_gate="f", input_gate="i", state="c", display=_LSTM_NAMES),
+    "gru_variant": CellSpec(
+        name="gru_variant", family="gru", mode=None, chunks=("r", "z", "n"),
+        signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
+        state="h", candidate="n", display=_GRU_NAMES),
 }
 
 #: The official implementations' cells (families/mingru_pytorch.py, xlstm_*.py, hf_*.py,
