@@ -75,3 +75,14 @@ def test_the_estimate_counts_analyses_and_disk_and_matches_a_real_trial(tiny_tex
     assert 0.5 < est.per_trial_bytes / real < 2, (est.per_trial_bytes, real)
     assert est.analysis_s / 10_000 > 0.3 * rec["timings"]["analyze"]
     shutil.rmtree(tmp_path / "trials")
+
+
+def test_the_new_training_settings_are_study_keys():
+    spec = parse_spec({"grid": {"optimizer": ["adam", "rmsprop"], "bias_init": ["zero"]},
+                       "train": {"hidden": 8}})
+    assert [t.id for t in spec.trials] == ["optimizer-adam_bias_init-zero_seed-0",
+                                           "optimizer-rmsprop_bias_init-zero_seed-0"]
+    assert [(t.train["optimizer"], t.train["bias_init"]) for t in spec.trials] == [
+        ("adam", "zero"), ("rmsprop", "zero")]
+    with pytest.raises(GatelensError, match="--optimizer must be one of adam, sgd, rmsprop"):
+        parse_spec({"grid": {"optimizer": ["lbfgs"]}})

@@ -213,3 +213,27 @@ def test_check_out_dir_accepts_new_and_existing_directories(tmp_path):
     assert check_out_dir(tmp_path) == tmp_path
     assert check_out_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert sorted(tmp_path.iterdir()) == []  # the probe is gone, nothing created
+
+
+def test_files_that_must_agree_are_all_written_before_any_is_replaced(tmp_path, monkeypatch):
+    from gatelens.io import atomic_write_many
+
+    for name in ("study.json", "study.md", "study.html"):
+        (tmp_path / name).write_text("old")
+    calls = []
+
+    def write(text, fail=False):
+        def f(tmp):
+            calls.append(tmp.name)
+            if fail:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            tmp.write_text(text)
+        return f
+    with pytest.raises(WriteError, match="study.html: cannot write: No space left"):
+        atomic_write_many({tmp_path / "study.json": write("new"),
+                           tmp_path / "study.md": write("new"),
+                           tmp_path / "study.html": write("new", fail=True)})
+    assert len(calls) == 3  # the first two were written, then the third failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.html", "study.json",
+                                                          "study.md"]
+    assert {p.read_text() for p in tmp_path.iterdir()} == {"old"}

@@ -65,6 +65,46 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
         raise
 
 
+def atomic_write_many(writes: dict[Path, Callable[[Path], None]]) -> None:
+    """Several files that must agree (study.json, study.md, study.html …): every one is
+    written to a temporary file and fsync'ed first; only then are they renamed into place,
+    one right after another. A failure while writing (disk full) leaves every old file as it
+    was.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> atomic_write_many({d / "a.txt": lambda t: t.write_text("1"),
+    ...                    d / "b" / "c.txt": lambda t: t.write_text("2")})
+    >>> (d / "a.txt").read_text(), (d / "b" / "c.txt").read_text()
+    ('1', '2')
+    """
+    temps: list[tuple[Path, Path]] = []
+    path = None
+    try:
+        for path, write in writes.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX,
+                                       dir=path.parent)
+            os.close(fd)
+            temps.append((Path(tmp), path))
+            os.chmod(tmp, 0o666 & ~_umask())
+            write(Path(tmp))
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        for tmp, path in temps:
+            os.replace(tmp, path)
+    except BaseException as e:
+        for tmp, _ in temps:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise write_error(path, e) from None
+        raise
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -16,12 +16,13 @@ is reused, an interrupted one resumed, an analysis already written re-run (it is
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 from gatelens.errors import GatelensError
-from gatelens.io import atomic_write_json, atomic_write_text
+from gatelens.io import atomic_write_many
 from gatelens.lens.analyze import analyze
 from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.report.reproduce_md import render_reproduce
@@ -182,8 +183,10 @@ def _reproduce(out: Path, corpus: str, sizes: dict[str, dict] | None, windows: i
               "perturb_pos": perturb_pos, "seed": SEED_FIGURES, "runs": runs,
               **compare(reports, runs), "forget_bias": study, "seeds": seeds,
               "spread": spread}
-    atomic_write_json(out / "reproduce.json", result)
-    atomic_write_text(out / "reproduce.md", render_reproduce(result))
+    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+    md = render_reproduce(result)
+    atomic_write_many({out / "reproduce.json": lambda t: t.write_text(text, encoding="utf-8"),
+                       out / "reproduce.md": lambda t: t.write_text(md, encoding="utf-8")})
     _say(progress, f"wrote {out / 'reproduce.md'} and reproduce.json")
     return result
 
