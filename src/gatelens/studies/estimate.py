@@ -7,8 +7,9 @@ every checkpoint but the last, and with them, as it analyses the last), counting
 written. It takes a few seconds (the plots alone about 4 s on a 2-core machine).
 ``estimate`` scales those figures to every trial to run: training time by parameter count
 × (batch · seq) × steps, analysis time by parameter count × (windows · length), bytes of
-weights by parameter count, bytes of an analysis by units × (windows · length), and packs
-trials onto the workers in order (``makespan``).
+weights by parameter count, bytes of an analysis by units × (windows · length) (the final
+checkpoint's plots, time and bytes, as measured), and packs trials onto the workers in
+order (``makespan``). An estimate, not a promise: other cells of one size differ in speed.
 
 >>> makespan([10, 10, 10], 2), makespan([10, 10, 10, 10], 2), makespan([5], 4)
 (20.0, 20.0, 5.0)
@@ -218,9 +219,9 @@ def estimate(todo: list[Trial], workers: int, cost: TrialCost) -> Estimate:
         train_s = (t.train["steps"] * cost.step_s * r_train
                    + n * cost.eval_s * r_train * t.train["val_windows"] / base.train["val_windows"]
                    + cost.setup_s)
-        ana_s = (n * cost.analysis_s + cost.plots_s) * r_ana
+        ana_s = n * cost.analysis_s * r_ana + cost.plots_s  # plotting: about fixed
         weights = (n + 1) * cost.checkpoint_bytes * p / p0 + cost.resume_bytes * p / p0
-        analyses = (n * cost.analysis_bytes + cost.plots_bytes) * r_bytes
+        analyses = n * cost.analysis_bytes * r_bytes + cost.plots_bytes
         times.append(train_s + ana_s)
         train_total += train_s
         ana_total += ana_s
