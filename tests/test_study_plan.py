@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gatelens.errors import GatelensError
-from gatelens.studies.estimate import estimate, measure_trial
+from gatelens.studies.estimate import duration, estimate, measure_trial, size
 from gatelens.studies.spec import parse_spec
 from gatelens.studies.study import new_record, plan, run_trial
 
@@ -58,7 +58,7 @@ def test_a_trial_run_before_new_settings_existed_is_still_reused(tiny_text, tmp_
 
 
 def test_the_estimate_counts_analyses_and_disk_and_matches_a_real_trial(tiny_text, tmp_path,
-                                                                        one_thread):
+                                                                        one_thread, monkeypatch):
     spec = parse_spec({"grid": {"seed": list(range(10_000))}, "analysis": ANALYSIS,
                        "train": {"corpus": str(tiny_text), **TRAIN}})
     cost = measure_trial(spec.trials[0])
@@ -69,6 +69,13 @@ def test_the_estimate_counts_analyses_and_disk_and_matches_a_real_trial(tiny_tex
     assert est.seconds == pytest.approx((est.train_s + est.analysis_s) / 2, rel=1e-3)
     line = est.line(workers=2, free=10**6)
     assert "analyses" in line and "on disk" in line and "WARNING: only 1 MB free" in line
+    import gatelens.studies.study as study
+
+    monkeypatch.setattr(study, "measure_trial", lambda trial: cost)
+    start = study._estimate(spec.trials, 2, tmp_path)  # what the start-up line says
+    assert start.startswith(f"about {duration(est.seconds)} on 2 workers (training ")
+    assert f"{cost.analysis_s:.2f} s an analysis x 3 checkpoints" in start
+    assert f"and about {size(est.bytes)} on disk" in start
     rec = run_trial(spec.trials[1], tmp_path)  # what one trial really takes on disk
     real = sum(p.stat().st_size for p in (tmp_path / "trials" / rec["id"]).rglob("*")
                if p.is_file())

@@ -237,3 +237,25 @@ def test_files_that_must_agree_are_all_written_before_any_is_replaced(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.html", "study.json",
                                                           "study.md"]
     assert {p.read_text() for p in tmp_path.iterdir()} == {"old"}
+
+
+def test_a_run_that_died_before_its_first_state_resumes_by_starting_over(capsys, tiny_text,
+                                                                         tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    fail_with(monkeypatch, errno.ENOSPC, "No space left on device", after=1)  # config.json only
+    assert "history.csv: cannot write" in one_line(
+        capsys, ["train", "--corpus", tiny_text, *SMALL, "--out", run])
+    monkeypatch.undo()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
+    assert "holds another run; use --resume" in one_line(
+        capsys, ["train", "--corpus", tiny_text, *SMALL, "--out", run])
+    assert main(["train", "--resume", "--out", str(run), "--quiet"]) == 0
+    assert "never saved its first state; starting it over" in capsys.readouterr().err
+    assert main(["train", "--corpus", str(tiny_text), *SMALL, "--out", str(tmp_path / "b")]) == 0
+    a, b = files(run), files(tmp_path / "b")  # as if it had never failed
+    assert {k: v for k, v in a.items() if k.endswith(".safetensors") and "resume" not in k} \
+        == {k: v for k, v in b.items() if k.endswith(".safetensors") and "resume" not in k}
+
+    def losses(h: bytes) -> list:
+        return [r.split(b",")[:3] for r in h.splitlines()]
+    assert losses(a["history.csv"]) == losses(b["history.csv"])

@@ -23,6 +23,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -172,6 +173,28 @@ def is_lock_or_leftover(name: str) -> bool:
     (True, True, False)
     """
     return name == LOCK or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def clear_held(directory: str | os.PathLike) -> None:
+    """Empty DIR but for its lock: only while this process holds it (a start that died
+    before it saved anything, cleared for a new one).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "x").write_text("1")
+    >>> with locked(d):
+    ...     clear_held(d); sorted(p.name for p in d.iterdir())
+    ['.gatelens.lock']
+    """
+    directory = Path(directory)
+    if os.path.realpath(directory) not in _HELD:
+        raise RuntimeError(f"{directory}: clear_held without holding its lock")
+    for p in directory.iterdir():
+        if p.name == LOCK:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 @contextmanager

@@ -39,7 +39,7 @@ from typing import Any
 
 from gatelens.errors import GatelensError
 from gatelens.io import SMALL_CAP, atomic_write_json, read_utf8, remove_leftovers
-from gatelens.lock import is_lock_or_leftover, locked, writing_dir
+from gatelens.lock import clear_held, is_lock_or_leftover, locked, writing_dir
 from gatelens.progress import Progress
 from gatelens.studies.estimate import estimate, makespan, measure_trial, step_seconds
 from gatelens.studies.spec import (
@@ -130,9 +130,7 @@ def _train(trial: Trial, run: Path) -> str:
         return "resumed"
     if run.exists():  # a start that died before its first checkpoint: nothing to keep
         with locked(run):  # never while another process writes it
-            for p in run.iterdir():
-                if not is_lock_or_leftover(p.name):
-                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            clear_held(run)
     train(cfg, run, progress=False)
     return "trained"
 

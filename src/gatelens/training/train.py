@@ -14,7 +14,6 @@ import io
 import json
 import math
 import platform
-import shutil
 import signal
 import sys
 import time
@@ -30,7 +29,7 @@ import torch.nn.functional as F
 from gatelens._version import version as gatelens_version
 from gatelens.errors import CheckFailed, GatelensError
 from gatelens.io import atomic_write_json, atomic_write_text, remove_leftovers
-from gatelens.lock import is_lock_or_leftover, writing_dir
+from gatelens.lock import clear_held, is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
@@ -255,9 +254,7 @@ def _train(cfg: TrainConfig | None, out: Path, resume: bool, progress: bool,
         cfg = _resume_config(read_config(out), overrides, out).validate()
         print(f"gatelens: note: {out}: the run never saved its first state; starting it "
               "over with its settings", file=sys.stderr)
-        for p in out.iterdir():
-            if not is_lock_or_leftover(p.name):
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        clear_held(out)
         resume = False
     if resume:
         saved = read_config(out)
