@@ -130,8 +130,12 @@ def test_a_study_survives_losing_a_worker_node_mid_trial(tmp_path, monkeypatch):
     everything: set[int] = set()
     try:
         ray = str(Path(sys.executable).with_name("ray"))
-        _until(lambda: subprocess.run([ray, "status", "--address", address], env=env,
-                                      capture_output=True).returncode == 0, "the head", 120)
+        def cpus() -> str:
+            got = subprocess.run([ray, "status", "--address", address], env=env,
+                                 capture_output=True, text=True)
+            return got.stdout if got.returncode == 0 else ""
+        # both nodes in before the study starts, so one trial is sure to run on the worker
+        _until(lambda: "/2.0 CPU" in cpus(), "the head and the worker node", 180)
         out = tmp_path / "out"
         study = subprocess.Popen(
             [sys.executable, "-c", "import sys; from gatelens.cli import main; "
