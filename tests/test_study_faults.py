@@ -164,7 +164,6 @@ def test_a_study_survives_losing_a_worker_node_mid_trial(tmp_path, monkeypatch):
         assert [t["status"] for t in result["trials"]] == ["done", "done"]
         assert {i: r["attempts"] for i, r in records.items()} == {
             i: 2 if i == lost else 1 for i in records}
-        print("DEBUG", lost, records[lost]["how"], records[lost]["timings"], time.monotonic())
         assert records[lost]["how"] in ("resumed", "analysed")  # not retrained from scratch
         assert [c["step"] for c in records[lost]["checkpoints"]] == [0, 150, 300]
     finally:
