@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -58,6 +59,12 @@ def test_reproduce_tiny_and_resume(tmp_path, corpus):
     assert rows["per-unit mean f: median"]["rnn"] is None  # a plain RNN has no forget gate
     assert rows["measured at lag 4"]["gru"] is not None
     assert "beside ours" in md and "| f mean | 0.495 |" in md
+    # the verification row holds the one-step error of every cell, not a dash
+    ver = rows["max |h_hand − h_torch|"]
+    assert ver["seed"] == 6.85e-07 and all(0 <= ver[c] < 1e-5 for c in ("lstm", "gru", "rnn"))
+    line = next(li for li in md.splitlines() if "h_hand" in li)
+    cols = [c.strip() for c in re.split(r"(?<!\\)\|", line)][1:-1]  # figure, seed, 3 cells, …
+    assert "—" not in cols[2:5] and float(cols[2]) < 1e-5, line
     for cell in ("lstm", "gru", "rnn"):  # every analysis has its page, linked from the summary
         assert (out / "analysis" / cell / "report.html").is_file()
         assert f"(analysis/{cell}/report.html)" in md

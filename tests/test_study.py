@@ -157,17 +157,33 @@ def test_interrupted_trial_resumes_to_the_same_weights(study, tmp_path, one_thre
 
 def test_failing_trial_is_recorded_while_the_others_finish(ray_local, corpus, tmp_path,
                                                            capsys):
+    latin = tmp_path / "latin1.txt"  # exists and opens (checked before Ray); fails to decode
+    latin.write_bytes("caf\u00e9 ".encode("latin-1") * 100)
     spec = write_spec(tmp_path / "spec.toml",
-                      {"corpus": [str(corpus), str(tmp_path / "missing.txt")], "seed": [0]},
+                      {"corpus": [str(corpus), str(latin)], "seed": [0]},
                       {**TRAIN, "steps": 2})
     assert main(["study", str(spec), "--out", str(tmp_path / "out"), "--quiet"]) == 1
     s = json.loads((tmp_path / "out" / "study.json").read_text(encoding="utf-8"))
     ok, bad = s["trials"]
     assert ok["status"] == "done" and [c["step"] for c in ok["checkpoints"]] == [0, 2]
-    assert bad["status"] == "failed" and "missing.txt: no such file" in bad["error"]
+    assert bad["status"] == "failed" and "latin1.txt: not UTF-8" in bad["error"]
     assert [c["n"] for c in s["conditions"]] == [1, 0]
-    assert "missing.txt: no such file" in (tmp_path / "out" / "study.md").read_text("utf-8")
+    assert "latin1.txt: not UTF-8" in (tmp_path / "out" / "study.md").read_text("utf-8")
     assert "1 of 2 trials failed" in capsys.readouterr().err
+
+
+def test_a_corpus_that_cannot_be_read_stops_the_study_before_ray(corpus, tmp_path, capsys,
+                                                                 monkeypatch):
+    import gatelens.studies.study as study
+
+    monkeypatch.setattr(study, "_import_ray", lambda: pytest.fail("Ray was started"))
+    for bad, says in ((tmp_path / "missing.txt", "missing.txt: no such file"),
+                      (tmp_path, "is a directory"), ("recall:gap=9-2", "recall")):
+        spec = write_spec(tmp_path / "spec.toml", {"corpus": [str(corpus), str(bad)]}, TRAIN)
+        assert main(["study", str(spec), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("grid, train, analysis, says", [

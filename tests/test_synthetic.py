@@ -20,8 +20,9 @@ import pytest
 
 from gatelens.cli import main
 from gatelens.errors import GatelensError
+from gatelens.lens.run import load_run as load_model
 from gatelens.training.corpus import load_corpus
-from gatelens.training.runs import load_run, read_config, run_windows
+from gatelens.training.runs import read_config
 from gatelens.training.synthetic import (
     bracket_gap_pmf,
     bracket_mean_gap,
@@ -189,8 +190,8 @@ def test_train_on_recall_end_to_end(capsys, tmp_path, monkeypatch, one_thread):
     assert corpus["name"] == spec and corpus["sha256"] == sha(synthetic_text(spec))
     assert corpus["synthetic"] == describe_corpus(spec)
     assert corpus["synthetic"]["best_loss"] < corpus["synthetic"]["memoryless_loss"]
-    ids, source = run_windows(load_run("run"), windows=2, length=32)  # the sha256 check passes
-    assert ids.shape == (2, 32) and source == f"{spec} validation split"
+    ids, source = load_model("run").gatelens_run.windows(2, 32)  # the sha256 check passes
+    assert ids.shape == (2, 32) and source == f"{spec} validation split (2 windows evenly spaced)"
     assert main(["train", "--corpus", "brackets:depth=0", "--out", "bad"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["gatelens: error: brackets:depth=0: depth=0: must be between 1 and 10000"]

@@ -144,3 +144,77 @@ def test_chrono_initialisation(tiny_text, tmp_path):
     assert (b[1] >= 0).all() and (b[1] <= math.log(19) + 1e-6).all()
     assert b[1].std() > 0.3  # drawn, not constant
     torch.testing.assert_close(b[0], -b[1])
+
+
+@pytest.mark.parametrize("name, cls", [("sgd", torch.optim.SGD), ("rmsprop", torch.optim.RMSprop),
+                                       ("adam", torch.optim.Adam)])
+def test_optimizer_is_recorded_and_resumes_exactly(tiny_text, tmp_path, name, cls):
+    cfg = tiny(tiny_text, steps=10, eval_every=4, optimizer=name, lr=0.05)
+    train(cfg, tmp_path / "full", progress=False)
+    train(cfg, tmp_path / "cut", progress=False, stop_at=6)
+    train(None, tmp_path / "cut", resume=True, progress=False)
+    assert _same(_final_state(tmp_path / "full"), _final_state(tmp_path / "cut"))
+    saved = read_config(tmp_path / "cut")
+    assert saved["train"]["optimizer"] == name
+    group = cls([nn.Parameter(torch.zeros(1))], lr=0.05).param_groups[0]
+    expected = {k: list(v) if isinstance(v, tuple) else v for k, v in group.items()
+                if k not in ("params", "lr")}
+    assert saved["optimizer"] == {"name": cls.__name__, "lr": 0.05, "params": expected,
+                                  "clip_grad_norm": 5.0,
+                                  **({"betas": [0.9, 0.999]} if name == "adam" else {})}
+    state = load_file(str(tmp_path / "cut" / "resume.safetensors"))
+    opt_keys = {k.split(".", 2)[2] for k in state if k.startswith("opt.")}
+    assert opt_keys == {"adam": {"step", "exp_avg", "exp_avg_sq"}, "sgd": set(),
+                        "rmsprop": {"step", "square_avg"}}[name]
+    other = tiny(tiny_text, steps=10, eval_every=4, optimizer="adam" if name != "adam" else "sgd",
+                 lr=0.05)
+    train(other, tmp_path / "other", progress=False)
+    assert not _same(_weights(tmp_path / "full"), _weights(tmp_path / "other"))
+
+
+def test_a_run_saved_with_the_old_adam_keys_still_resumes_exactly(tiny_text, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cfg = tiny(tiny_text, steps=10, eval_every=4)
+    train(cfg, tmp_path / "full", progress=False)
+    train(cfg, tmp_path / "old", progress=False, stop_at=6)
+    path = tmp_path / "old" / "resume.safetensors"
+    with safe_open(str(path), "pt") as fh:
+        meta = fh.metadata()
+    state = {("adam." + k[4:] if k.startswith("opt.") else k): v
+             for k, v in load_file(str(path)).items()}
+    assert any(k.startswith("adam.") for k in state)
+    save_file(state, str(path), metadata={k: meta[k] for k in ("step", "seconds", "best")})
+    train(None, tmp_path / "old", resume=True, progress=False)
+    assert _same(_final_state(tmp_path / "full"), _final_state(tmp_path / "old"))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "mingru"])
+def test_zero_bias_init_zeroes_every_recurrent_bias_at_step_0(tiny_text, tmp_path, cell):
+    train(tiny(tiny_text, cell=cell, bias_init="zero", steps=1, eval_every=1, layers=2),
+          tmp_path / "z", progress=False)
+    t = load_file(str(tmp_path / "z" / "checkpoints" / "step-000000.safetensors"))
+    biases = [k for k in t if k.startswith("rnn.") and k.rsplit(".", 1)[-1].startswith("bias")]
+    assert len(biases) >= 4 and all(bool((t[k] == 0).all()) for k in biases)
+    assert bool((t["head.bias"] != 0).any())  # the head keeps PyTorch's init
+    plain = load_file(str(_plain_run(tiny_text, tmp_path, cell) / "checkpoints" /
+                          "step-000000.safetensors"))
+    assert all(torch.equal(t[k], plain[k]) for k in t if k not in biases)  # only the biases
+    assert read_config(tmp_path / "z")["train"]["bias_init"] == "zero"
+
+
+def _plain_run(corpus, tmp_path, cell):
+    out = tmp_path / "plain"
+    train(tiny(corpus, cell=cell, steps=1, eval_every=1, layers=2), out, progress=False)
+    return out
+
+
+def test_zero_bias_init_comes_before_the_forget_bias(tiny_text, tmp_path):
+    train(tiny(tiny_text, bias_init="zero", forget_bias=2.0, steps=1, eval_every=1),
+          tmp_path / "r", progress=False)
+    t = load_file(str(tmp_path / "r" / "checkpoints" / "step-000000.safetensors"))
+    H = 16
+    b_ih, b_hh = t["rnn.bias_ih_l0"].view(4, H), t["rnn.bias_hh_l0"].view(4, H)  # i, f, g, o
+    assert torch.equal(b_ih[1], torch.full((H,), 2.0)) and bool((b_hh == 0).all())
+    assert bool((b_ih[[0, 2, 3]] == 0).all())

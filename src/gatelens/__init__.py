@@ -17,6 +17,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from gatelens import families
 from gatelens._version import version as _version
 from gatelens.analysis.units import half_life
 from gatelens.readout.hooks import CellCache, open_cells
@@ -30,12 +31,14 @@ __version__ = _version()
 _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.analyze",
          "measure": "gatelens.analysis.measure", "reproduce": "gatelens.studies.reproduce",
          "Lens": "gatelens.lens.lens", "LensResult": "gatelens.lens.lens",
+         "load_run": "gatelens.lens.run",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
          "open_keras": "gatelens.loaders.keras_file"}
 
 __all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
-           "VerifyResult", "analyze", "gate_names", "half_life", "measure", "open_cells",
+           "VerifyResult", "analyze", "families", "gate_names", "half_life", "load_run",
+           "measure", "open_cells",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]
 

@@ -6,9 +6,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gatelens.errors import CheckFailed, GatelensError, positive_int
+from gatelens.errors import (
+    CheckFailed,
+    GatelensError,
+    finite_float,
+    nonnegative_float,
+    os_reason,
+    positive_float,
+    positive_int,
+    seed_int,
+    windows_count,
+)
 from gatelens.families.spec import FAMILIES
-from gatelens.training.config import TrainConfig
+from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,16 +40,27 @@ def _add_train(sub) -> None:
     p.add_argument("--steps", type=positive_int, help=f"default {d.steps}")
     p.add_argument("--batch", type=positive_int, help=f"default {d.batch}")
     p.add_argument("--seq", type=positive_int, help=f"default {d.seq}")
-    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d.lr})")
-    p.add_argument("--clip", type=float, help=f"gradient norm clip (default {d.clip})")
+    p.add_argument("--lr", type=positive_float,
+                   help=f"learning rate, finite and above 0 (default {d.lr}); one too large "
+                        "for the model stops training as diverged (exit 1)")
+    p.add_argument("--clip", type=positive_float,
+                   help=f"gradient norm clip, finite (default {d.clip})")
+    p.add_argument("--optimizer", choices=OPTIMIZER_NAMES,
+                   help=f"default {d.optimizer}; PyTorch's defaults but for --lr (Adam betas "
+                        "0.9, 0.999; SGD plain, no momentum; RMSprop alpha 0.99)")
+    p.add_argument("--bias-init", choices=BIAS_INITS,
+                   help=f"default {d.bias_init}: PyTorch's init; zero: every bias of the "
+                        "recurrent module 0 at step 0 (before --forget-bias/--chrono; the "
+                        "head keeps PyTorch's)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--forget-bias", type=float, metavar="B",
+    g.add_argument("--forget-bias", type=finite_float, metavar="B",
                    help="forget gate's total bias (GRU: z; minGRU: 1 − z; minLSTM, sLSTM: f) "
                         "in every unit")
-    g.add_argument("--chrono", type=float, metavar="TMAX", help="chrono initialisation")
+    g.add_argument("--chrono", type=finite_float, metavar="TMAX",
+                   help="chrono initialisation (TMAX above 2)")
     p.add_argument("--eval-every", type=positive_int, help=f"default {d.eval_every}")
     p.add_argument("--val-windows", type=positive_int, help=f"default {d.val_windows}")
-    p.add_argument("--seed", type=int, help=f"default {d.seed}")
+    p.add_argument("--seed", type=seed_int, help=f"default {d.seed} (-2**63 … 2**64 − 1)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default auto")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--out", required=True, help="run directory")
@@ -57,16 +78,28 @@ def _cmd_train(args) -> int:
         res = train(TrainConfig(**given), args.out, progress=not args.quiet)
     print(f"{res.run}: {res.steps_done} steps, best validation loss {res.best_val_loss:.4f} "
           f"at step {res.best_step}")
+    if res.best_step == 0 and res.steps_done > 0:
+        print(f"gatelens: note: the validation loss never got below the untrained model's "
+              f"(best step 0); is --lr {_lr_of(res.run)} too large or too small?",
+              file=sys.stderr)
     return 130 if res.interrupted else 0
+
+
+def _lr_of(run) -> str:
+    from gatelens.training.runs import read_config
+
+    return f"{read_config(run)['train'].get('lr'):g}"
 
 
 def _add_sample(sub) -> None:
     p = sub.add_parser("sample", help="text from a trained model")
     p.add_argument("run")
     p.add_argument("--length", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--prime", default="\n")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=positive_float, default=1.0)
+    p.add_argument("--prime", default=None,
+                   help="text the model reads first (default: a newline, or the first "
+                        "character of the vocabulary when it has no newline)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--checkpoint", default="best", help="best, final or a step number")
 
 
@@ -86,18 +119,19 @@ def _add_verify(sub) -> None:
     p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
     p.add_argument("--windows", type=positive_int, default=32)
     p.add_argument("--length", type=positive_int, default=128)
-    p.add_argument("--tol", type=float, default=1e-5,
-                   help="largest difference that passes (default 1e-5)")
+    p.add_argument("--tol", type=nonnegative_float, default=1e-5,
+                   help="largest difference that passes, finite, 0 or above (default 1e-5)")
 
 
 def _cmd_verify(args) -> int:
+    from gatelens.lens.run import load_run
     from gatelens.readout.verify import verify
-    from gatelens.training.runs import load_run, run_windows
 
-    run = load_run(args.run, args.checkpoint)
-    ids, source = run_windows(run, args.text, args.windows, args.length)
-    res = verify(run.model.rnn, run.model.encode(ids), tol=args.tol)
-    print(f"{args.run} (step {run.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
+    model = load_run(args.run, args.checkpoint)
+    info = model.gatelens_run
+    ids, source = info.windows(args.windows, args.length, args.text)  # (B, T)
+    res = verify(model.rnn, model.encode(ids), tol=args.tol)
+    print(f"{args.run} (step {info.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
           f"of {source}:")
     kind = "one-step" if res.one_step_max_abs_diff_h is not None else "free-running"
     for d, free in zip(res.layers, res.free_running_layers, strict=True):
@@ -153,7 +187,9 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", default=None, metavar="FILE",
                    help="analyse the first WINDOWS x LENGTH characters of FILE "
                         "(default: windows evenly spaced over the validation split)")
-    p.add_argument("--windows", type=positive_int, default=32, help="B, windows (default 32)")
+    p.add_argument("--windows", type=windows_count, default=32,
+                   help="B, windows (default 32); all: every whole window of the validation "
+                        "split (or of --text), in chunks with a progress bar")
     p.add_argument("--length", type=positive_int, default=128,
                    help="T, characters per window (default 128)")
     p.add_argument("--perturb-pos", type=int, default=32, dest="perturb_pos",
@@ -165,11 +201,18 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_analyze(args) -> int:
+    from pathlib import Path
+
+    from gatelens.io import check_out_dir
     from gatelens.lens.analyze import analyze, analyze_foreign
 
     if (args.run is None) == (args.weights is None):
         raise GatelensError("analyze: give a run directory, or --weights FILE (with --vocab "
                             "and --text) for a model gatelens did not train; not both")
+    if args.out is not None:  # before the work, not after it
+        check_out_dir(args.out)
+    elif Path(args.run).is_dir():
+        check_out_dir(Path(args.run) / "analysis")
     if args.run is not None:
         a = analyze(args.run, checkpoint=args.checkpoint, text=args.text, windows=args.windows,
                     length=args.length, perturb_pos=args.perturb_pos, out=args.out,
@@ -292,6 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gatelens: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file system that failed under us: one line, naming the path
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"gatelens: error: {where}{os_reason(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

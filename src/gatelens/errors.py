@@ -1,6 +1,13 @@
-"""Errors a user can cause. The CLI prints them as one line and exits 2."""
+"""Errors a user can cause, and the argparse types that catch them first. The CLI prints
+an error as one line and exits 2."""
 
 from __future__ import annotations
+
+import errno as _errno
+import math
+
+#: The seeds PyTorch's ``manual_seed`` takes (inclusive); gatelens seeds everything from one.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class GatelensError(Exception):
@@ -11,6 +18,36 @@ class GatelensError(Exception):
     """
 
     exit_code = 2
+
+
+class WriteError(GatelensError, OSError):
+    """A file or directory could not be written (disk full, read-only, no permission, a
+    file where a directory should be): one line naming the path, exit 2. It is an OSError
+    too, so code that catches OSError still does.
+
+    >>> e = write_error("runs/a/config.json", OSError(_errno.ENOSPC, "No space left on device"))
+    >>> str(e), isinstance(e, OSError)
+    ('runs/a/config.json: cannot write: No space left on device [ENOSPC]', True)
+    """
+
+
+def write_error(path: object, e: OSError) -> WriteError:
+    """The WriteError for an OSError ``e`` met while writing ``path`` (kept as is if it is
+    one already)."""
+    if isinstance(e, WriteError):
+        return e
+    return WriteError(f"{path}: cannot write: {os_reason(e)}")
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError's reason in a few words: its strerror and errno name.
+
+    >>> os_reason(PermissionError(_errno.EACCES, "Permission denied"))
+    'Permission denied [EACCES]'
+    """
+    name = _errno.errorcode.get(e.errno or 0)
+    text = e.strerror or (" ".join(str(e).split()) or type(e).__name__)
+    return f"{text} [{name}]" if name else text
 
 
 class CheckFailed(Exception):
@@ -34,3 +71,87 @@ def positive_int(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
     return v
+
+
+def seed_int(text: str) -> int:
+    """An argparse type: an integer PyTorch can seed from, -2**63 … 2**64 − 1.
+
+    >>> seed_int("-3"), seed_int(str(2**64 - 1)) == 2**64 - 1
+    (-3, True)
+    >>> seed_int(str(2**70))
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be an integer from -2**63 to 2**64 - 1 (...), got 1180...
+    """
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not SEED_MIN <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from -2**63 to 2**64 - 1 (what PyTorch seeds from), got {v}")
+    return v
+
+
+def _float(text: str) -> float:
+    import argparse
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return v
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number (no nan, no inf).
+
+    >>> finite_float("-1.5")
+    -1.5
+    >>> finite_float("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a finite number, got nan
+    """
+    return _float(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above zero.
+
+    >>> positive_float("2e-3")
+    0.002
+    """
+    import argparse
+
+    v = _float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def nonnegative_float(text: str) -> float:
+    """An argparse type: a finite number, zero or above.
+
+    >>> nonnegative_float("0")
+    0.0
+    """
+    import argparse
+
+    v = _float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or positive, got {text}")
+    return v
+
+
+def windows_count(text: str) -> int | str:
+    """An argparse type for --windows: a positive integer, or "all" (every whole window).
+
+    >>> windows_count("all"), windows_count("8")
+    ('all', 8)
+    """
+    return "all" if text == "all" else positive_int(text)

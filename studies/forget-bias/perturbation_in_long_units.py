@@ -53,19 +53,18 @@ def long_unit_figures(rnn: torch.nn.Module, x: torch.Tensor, x_perturbed: torch.
 
 
 def main(study: Path) -> None:
-    from gatelens.training.runs import load_run, run_windows
+    from gatelens import load_run
 
     torch.set_num_threads(1)
     print(f"share of |ds|^2 in the long-lived units at k = {', '.join(map(str, LAGS))}")
     for cell in ("lstm", "gru"):
         for init in ("none", "forget_bias-1", "forget_bias-2", "forget_bias-3", "chrono-128"):
             for seed in (0, 1, 2):
-                run = load_run(study / "trials" / f"cell-{cell}_init-{init}_seed-{seed}" / "run",
-                               "final")
-                ids, _ = run_windows(run, None, 32, 128)
-                pert = perturb_windows(ids, POSITION, run.model.head.out_features, seed=0)
-                f = long_unit_figures(run.model.rnn, run.model.encode(ids),
-                                      run.model.encode(pert))
+                model = load_run(study / "trials" / f"cell-{cell}_init-{init}_seed-{seed}"
+                                 / "run", "final")
+                ids, _ = model.gatelens_run.windows(32, 128)
+                pert = perturb_windows(ids, POSITION, model.head.out_features, seed=0)
+                f = long_unit_figures(model.rnn, model.encode(ids), model.encode(pert))
                 long_in = "  —  " if f["admitted_long"] is None else f"{f['admitted_long']:.3f}"
                 print(f"{cell} {init:14s} seed {seed}: long units {f['n_long']:3d}/{f['n_units']}"
                       f"; input admitted: long {long_in}, other {f['admitted_other']:.3f}; "

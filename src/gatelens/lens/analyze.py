@@ -1,7 +1,7 @@
-"""``gatelens analyze``: a run directory, or a weights file, measured and written.
-
-Both end in ``gatelens.analysis.measure.measure``; the files are written by
-``gatelens.report.write``.
+"""``gatelens analyze``: a run directory, or a weights file, measured through ``Lens`` and
+written (``gatelens.report.write``). A run is a model plus its step-0 baseline and its keep
+gate's starting value (``gatelens.load_run``), so ``analyze RUN`` and
+``Lens(gatelens.load_run(RUN)).analyze(...)`` are one computation.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gatelens.analysis.measure import Analysis, check_perturb_pos, encoder_runner, measure
-from gatelens.training.model import initial_keep_value
-from gatelens.training.runs import checkpoint_steps, load_run, run_windows
+from gatelens.analysis.measure import Analysis, check_perturb_pos
+from gatelens.lens.lens import Lens
+from gatelens.lens.run import load_run
 
 if TYPE_CHECKING:
     from gatelens.lens.foreign import ForeignModel
+
+#: where a gatelens run's recurrent module sits in its CharLM
+RUN_MODULE = "rnn"
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -25,74 +28,58 @@ def _say(progress: bool, msg: str) -> None:
 
 
 def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path | None = None,
-            windows: int = 32, length: int = 128, perturb_pos: int = 32,
+            windows: int | str = 32, length: int = 128, perturb_pos: int = 32,
             out: str | Path | None = None, progress: bool = True,
-            timings: dict | None = None, plots: bool = True) -> Analysis:
+            timings: dict | None = None, plots: bool = True,
+            chunk: int | None = None) -> Analysis:
     """Analyse a run's model; write OUT/report.json, report.md, plots/*.png and report.html.
 
-    ``out`` defaults to RUN/analysis. ``timings``, if given, is filled with seconds per stage.
-    ``plots=False`` writes no PNGs (report.json, report.md and report.html still).
+    ``out`` defaults to RUN/analysis. ``windows="all"``: every whole window of the
+    validation split (or of ``text``). ``timings``, if given, is filled with seconds per
+    stage. ``plots=False`` writes no PNGs (report.json, report.md and report.html still).
     Bad input raises GatelensError with a one-line message.
     """
-    from gatelens.report.json_report import read_history
+    from gatelens.io import check_out_dir
     from gatelens.report.write import write_analysis
 
     run = Path(run)
+    dest = run / "analysis" if out is None else Path(out)
+    check_out_dir(dest, flag="--out")
     clock = timings if timings is not None else {}
     t0 = time.perf_counter()
-    loaded = load_run(run, checkpoint)
     check_perturb_pos(perturb_pos, length)
-    cfg, m = loaded.config, loaded.config["model"]
-    ids, source = run_windows(loaded, text, windows, length)  # (B, T)
-    if text is None:
-        source += f" ({windows} windows evenly spaced)"
-    base = load_run(run, 0) if 0 in checkpoint_steps(run) else None
+    model = load_run(run, checkpoint)
+    info = model.gatelens_run
+    ids, source = info.windows(windows, length, text)  # (B, T)
+    lens = Lens(model)
     clock["load"] = time.perf_counter() - t0
-    _say(progress, f"tracing {windows} windows of {length} characters")
-    model = loaded.model
-    a = measure(
-        model.rnn, encoder_runner(model.encode, lambda i: model(i)[0]), ids,
-        list(loaded.vocab.chars),
-        perturb_pos=perturb_pos, seed=int(cfg["train"].get("seed", 0)),
-        init_value=initial_keep_value(cfg["train"].get("forget_bias")),
-        baseline=None if base is None else (base.step, base.model.rnn,
-                                            encoder_runner(base.model.encode)),
-        model={"cell": m["cell"], "hidden": m["hidden"], "layers": m["layers"],
-               "step": loaded.step, "checkpoint": str(checkpoint),
-               "nonlinearity": m.get("nonlinearity", "tanh") if m["cell"] == "rnn" else None,
-               "vocab_size": loaded.vocab.size, "forget_bias": cfg["train"].get("forget_bias"),
-               "chrono": cfg["train"].get("chrono")},
-        text={"windows": windows, "length": length, "source": source}, timings=clock)
-    a.history, a.best_step = read_history(run), cfg.get("best", {}).get("step")
-    synthetic = cfg.get("corpus", {}).get("synthetic")
-    if synthetic:  # read the model's loss against what memory could and could not buy
-        a.control = {"corpus": synthetic["name"], "memoryless_loss": synthetic["memoryless_loss"],
-                     "best_loss": synthetic["best_loss"],
-                     "best_val_loss": cfg.get("best", {}).get("val_loss")}
+    _say(progress, f"tracing {ids.shape[0]} windows of {length} characters")
+    a = lens.measure(RUN_MODULE, ids, list(info.vocab), perturb_pos=perturb_pos,
+                     text={"windows": int(ids.shape[0]), "length": length, "source": source},
+                     chunk=chunk, progress=progress, timings=clock)
+    a.model["path"] = ""  # a gatelens run: the module is the run's own (design.md)
     t0 = time.perf_counter()
-    write_analysis(a, run / "analysis" if out is None else Path(out), plots=plots)
+    write_analysis(a, dest, plots=plots)
     clock["write"] = time.perf_counter() - t0
     _say(progress, f"wrote {a.out / 'report.json'}, report.md, report.html and "
                    f"{len(a.plots)} plots")
     return a
 
 
-def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int = 32,
+def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int | str = 32,
                     length: int = 128, perturb_pos: int = 32, out: str | Path,
-                    seed: int = 0) -> Analysis:
-    """Analyse weights gatelens did not train (``gatelens.lens.foreign``) on the first windows of
-    a text file; writes the same files as ``analyze``."""
+                    seed: int = 0, chunk: int | None = None,
+                    progress: bool = False) -> Analysis:
+    """Analyse weights gatelens did not train (``gatelens.lens.foreign``) on the first windows
+    of a text file, through ``Lens``; writes the same files as ``analyze``."""
     from gatelens.report.write import write_analysis
-    from gatelens.training.corpus import Vocab, analysis_windows, read_text_file
 
-    ids = analysis_windows(Vocab(list(model.vocab)), windows, length,
-                           text=read_text_file(text), where=str(text))  # (B, T)
-    a = measure(model.rnn, encoder_runner(model.encode, model if model.head is not None
-                                          else None), ids, list(model.vocab),
-                perturb_pos=perturb_pos, seed=seed,
-                model={"cell": model.cell, "hidden": model.hidden, "layers": model.layers,
-                       "step": None, "path": model.prefix.rstrip("."),
-                       "weights": str(model.source),
-                       "notes": list(getattr(model, "notes", []))},  # report.md shows them
-                text={"windows": windows, "length": length, "source": str(text)})
+    lens = Lens(model, vocab=list(model.vocab))
+    ids, chars, source = lens.windows(Path(text), windows, length)  # (B, T)
+    a = lens.measure(RUN_MODULE, ids, chars, perturb_pos=perturb_pos, seed=seed,
+                     text={"windows": int(ids.shape[0]), "length": length,
+                           "source": str(text)}, chunk=chunk, progress=progress)
+    a.model.update(path=model.prefix.rstrip("."), weights=str(model.source),
+                   notes=list(getattr(model, "notes", [])))  # report.md shows the notes
+    a.model.pop("class", None)
     return write_analysis(a, out)

@@ -2,7 +2,10 @@
 
 Tensors come from ``.safetensors`` or from ``torch.load(weights_only=True)`` only, which
 refuses pickled Python objects; a vocabulary is JSON or a text (its sorted characters).
-Every failure is a one-line GatelensError that names the file.
+Every failure is a one-line GatelensError that names the file: a file that is not a
+regular file (a directory, a device, a FIFO) or is larger than ``gatelens.io.TEXT_CAP``
+is refused before it is opened for reading, and tensors holding NaN or Inf are refused
+unless ``read_tensors(..., check_finite=False)``.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from gatelens.errors import GatelensError
-from gatelens.io import read_utf8
+from gatelens.io import NO_CAP, check_regular, read_utf8
 from gatelens.training.corpus import Vocab
+from gatelens.training.runs import refuse_nonfinite
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 PICKLED = ("holds pickled Python objects, not plain tensors; gatelens reads only tensors "
@@ -34,11 +38,8 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _check_file(p: Path, what: str) -> None:
-    if not p.exists():
-        raise GatelensError(f"{p}: no such file")
-    if p.is_dir():
-        raise GatelensError(f"{p}: is a directory, expected {what}")
+def _check_file(p: Path, what: str, cap: int | None = None) -> None:
+    check_regular(p, what, cap)  # exists, a regular file (no device, FIFO), within the cap
     if p.stat().st_size == 0:
         raise GatelensError(f"{p}: empty file, expected {what}")
 
@@ -99,10 +100,11 @@ def sniff(path: PathLike) -> str:
     return "onnx" if _onnx_like(head) else "unknown"
 
 
-def read_tensors(path: PathLike) -> dict[str, Tensor]:
+def read_tensors(path: PathLike, check_finite: bool = True) -> dict[str, Tensor]:
     """The tensors of a ``.safetensors`` file or a saved state_dict, by name, on the CPU.
 
     A state_dict nested under "state_dict" or "model" (a training checkpoint) is found.
+    A tensor holding NaN or Inf is a GatelensError naming it unless ``check_finite=False``.
 
     >>> import tempfile
     >>> p = Path(tempfile.mkdtemp()) / "w.pt"
@@ -115,7 +117,7 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
     if suffix and suffix not in SUFFIXES:
         raise GatelensError(f"{p}: unknown weights format {suffix!r}; "
                             f"gatelens reads {', '.join(SUFFIXES)}, .onnx, .h5, .keras")
-    _check_file(p, "a weights file")
+    _check_file(p, "a weights file", NO_CAP)
     kind = sniff(p)
     if kind == "torchscript":
         raise GatelensError(TORCHSCRIPT.format(p=p))
@@ -127,7 +129,11 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
     if suffix == ".safetensors":
         try:
             obj: object = load_file(str(p))
-        except (SafetensorError, OSError, ValueError) as e:
+        except (SafetensorError, OSError, ValueError, TypeError, RuntimeError) as e:
+            raise GatelensError(f"{p}: not a readable safetensors file ({_one_line(e)})") from None
+        except BaseException as e:  # a panic in safetensors' Rust code is a BaseException
+            if type(e).__name__ != "PanicException":
+                raise
             raise GatelensError(f"{p}: not a readable safetensors file ({_one_line(e)})") from None
     else:
         try:
@@ -141,6 +147,10 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
         except Exception as e:  # a corrupt file can fail anywhere inside torch.load
             raise GatelensError(f"{p}: not a readable PyTorch file "
                                 f"({type(e).__name__}: {_one_line(e)})") from None
+        except BaseException as e:  # e.g. a RecursionError's cousins, a Rust panic
+            if type(e).__name__ != "PanicException":
+                raise
+            raise GatelensError(f"{p}: not a readable PyTorch file ({_one_line(e)})") from None
     if isinstance(obj, dict):
         obj = next((obj[k] for k in ("state_dict", "model") if isinstance(obj.get(k), dict)), obj)
     if not isinstance(obj, dict):
@@ -152,6 +162,8 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
         if not isinstance(k, str) or not isinstance(v, Tensor):
             raise GatelensError(f"{p}: entry {k!r} is of type {type(v).__name__}, not a tensor; "
                                 "expected a state_dict (names to tensors)")
+    if check_finite:
+        refuse_nonfinite(p, obj)
     return dict(obj)
 
 
@@ -176,8 +188,8 @@ def read_vocab(path: PathLike) -> list[str]:
         return Vocab.from_text(text).chars
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GatelensError(f"{p}: not valid JSON ({e})") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise GatelensError(f"{p}: not valid JSON ({_one_line(e)})") from None
     if isinstance(obj, dict):
         key = next((k for k in ("chars", "vocab") if k in obj), None)
         if key is None:

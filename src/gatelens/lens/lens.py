@@ -1,4 +1,4 @@
-"""Lens: open every nn.LSTM / nn.GRU / nn.RNN inside any model and measure each one.
+"""Lens: open every recurrent module inside any model and measure each one.
 
 Each recurrent module is found by its ``named_modules()`` path ("" when the model IS the
 module; its directory is then "model"). The WHOLE model runs on the windows, so a module
@@ -30,12 +30,13 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
+from gatelens.lens.run import run_of
 from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
 
-__all__ = ["Lens", "LensResult", "unpack_equal"]
+__all__ = ["Lens", "LensResult", "output_logits", "unpack_equal"]
 
 
 def unpack_equal(packed: PackedSequence, length: int, batch_first: bool = True) -> Tensor:
@@ -62,10 +63,18 @@ def unpack_equal(packed: PackedSequence, length: int, batch_first: bool = True) 
     return x if batch_first else x.transpose(0, 1)
 
 
-def _output_tensor(output: Any) -> Tensor | None:
-    """The model's output if it is a Tensor, or the first element of a tuple output."""
+def output_logits(output: Any) -> Tensor | None:
+    """The logits of a model's output: a Tensor, an HF ModelOutput's ``.logits``, or a
+    tuple's first Tensor (a gatelens CharLM returns (logits, state)).
+
+    >>> output_logits((torch.ones(1, 2, 3), None)).shape
+    torch.Size([1, 2, 3])
+    """
     if isinstance(output, Tensor):
         return output
+    value = getattr(output, "logits", None)
+    if isinstance(value, Tensor):
+        return value
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
         return output[0]
     return None
@@ -96,15 +105,24 @@ class Lens:
     """Every recurrent module of ``model``, ready to be measured on text or ids.
 
     ``vocab``: the characters in index order (needed for text input); an int V names
-    the ids ``<0>`` .. ``<V-1>``; None with ids input uses V = max(ids) + 1 (at least 2).
-    ``encode`` maps ids (B, T) int64 to what ``model(...)`` takes (default: the ids).
-    A model without nn.LSTM / nn.GRU / nn.RNN raises GatelensError naming its class.
+    the ids ``<0>`` .. ``<V-1>``; None with ids input uses V = max(ids) + 1 (at least 2). A
+    run's model (``gatelens.load_run``) brings its own vocabulary, step-0 baseline, keep
+    gate's starting value and seed. ``encode`` maps ids (B, T) int64 to what ``model(...)``
+    takes (default: the ids). A model with no module gatelens opens raises GatelensError
+    naming its class. Modules nested inside an opened one are part of it, not opened again.
     """
 
     def __init__(self, model: nn.Module, vocab: Sequence[str] | int | None = None,
                  encode: Callable[[Tensor], Any] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise GatelensError(f"Lens takes an nn.Module; got {type(model).__name__}")
+        meta = next((n for n, p in model.named_parameters() if p.is_meta), None)
+        if meta is not None:
+            raise GatelensError(f"{type(model).__name__}: parameter {meta!r} is on the meta "
+                                "device (no values); load the weights first")
         self.model = model
-        self.vocab = vocab
+        self.run = run_of(model)
+        self.vocab = self.run.vocab if vocab is None and self.run is not None else vocab
         self.encode = encode
         self.families: dict[str, Family] = {}
         for path, m in model.named_modules():
@@ -116,6 +134,21 @@ class Lens:
         if not self.families:
             raise GatelensError(f"{type(model).__name__} has no recurrent module for gatelens "
                                 f"to open (it opens {supported()})")
+        self._check_vocab()
+
+    def _check_vocab(self) -> None:
+        """The vocabulary against the model's first lookup: an embedding's rows, or a
+        gatelens run's / weights file's vocabulary size."""
+        if self.vocab is None or isinstance(self.vocab, int) or self.encode is not None:
+            return
+        size = getattr(self.model, "vocab_size", None)
+        if not isinstance(size, int):
+            emb = next((m for m in self.model.modules() if isinstance(m, nn.Embedding)), None)
+            size = None if emb is None else emb.num_embeddings
+        if size is not None and len(self.vocab) > size:
+            raise GatelensError(f"vocab has {len(self.vocab)} characters but "
+                                f"{type(self.model).__name__} reads {size} (its embedding's "
+                                "rows): ids past them would not exist")
 
     def _chars(self, ids: Tensor) -> list[str]:
         if isinstance(self.vocab, int):
@@ -124,30 +157,36 @@ class Lens:
             return list(self.vocab)
         return [f"<{i}>" for i in range(max(int(ids.max()) + 1, 2))]
 
-    def windows(self, text_or_ids: str | os.PathLike | Tensor, windows: int,
+    def windows(self, text_or_ids: str | os.PathLike | Tensor, windows: int | str,
                 length: int) -> tuple[Tensor, list[str], str]:
-        """(ids (B, T) int64, chars, source): text becomes its first ``windows``
-        consecutive ``length``-character slices; ids (B, T) are used as they are."""
+        """(ids (B, T) int64, chars, source). A Path, or a str that names an existing file,
+        is read as a UTF-8 text file (as ``--text``); any other str is the text itself.
+        Text becomes its first ``windows`` consecutive ``length``-character slices
+        (``"all"``: every whole one); ids (B, T) are used as they are."""
         from gatelens.training.corpus import Vocab, analysis_windows, read_text_file
 
         if isinstance(text_or_ids, Tensor):
             ids = text_or_ids
-            if ids.ndim != 2 or ids.dtype != torch.long:
-                raise GatelensError(f"ids must be a (B, T) int64 tensor; got {ids.dtype} "
-                                    f"{tuple(ids.shape)}")
+            if ids.ndim != 2 or ids.dtype != torch.long or 0 in ids.shape:
+                raise GatelensError(f"ids must be a non-empty (B, T) int64 tensor; got "
+                                    f"{ids.dtype} {tuple(ids.shape)}")
             chars = self._chars(ids)
             if int(ids.min()) < 0 or int(ids.max()) >= len(chars):
                 raise GatelensError(f"ids range {int(ids.min())}..{int(ids.max())} is outside "
                                     f"the vocabulary of {len(chars)}")
             return ids, chars, "ids"
+        if not isinstance(text_or_ids, (str, os.PathLike)):
+            raise GatelensError(f"Lens.analyze takes a text, a file path or ids (B, T); got "
+                                f"{type(text_or_ids).__name__}")
         where = "text"
-        if isinstance(text_or_ids, os.PathLike):
+        if isinstance(text_or_ids, os.PathLike) or _names_a_file(text_or_ids):
             where, text_or_ids = str(text_or_ids), read_text_file(text_or_ids)
         if self.vocab is None or isinstance(self.vocab, int):
             raise GatelensError("text input needs vocab: the model's characters in index order")
         vocab = Vocab(list(self.vocab))
         ids = analysis_windows(vocab, windows, length, text=text_or_ids, where=where)
-        source = f"{where} ({len(text_or_ids)} characters; first {windows} windows of {length})"
+        how = "every whole window" if windows == "all" else f"first {windows} windows"
+        source = f"{where} ({len(text_or_ids)} characters; {how} of {length})"
         return ids, vocab.chars, source
 
     def runner(self, path: str) -> Runner:
@@ -157,11 +196,13 @@ class Lens:
         is restored after). A packed input is unpacked (``unpack_equal``); a module
         called more than once in one forward raises GatelensError.
         """
+        return self._runner(self.model, self.families[path], path)
+
+    def _runner(self, model: nn.Module, fam: Family, path: str) -> Runner:
         from gatelens.analysis.measure import Captured
 
-        fam = self.families[path]
         module = fam.module
-        name = path or type(self.model).__name__
+        name = path or type(model).__name__
 
         def run(ids: Tensor) -> Captured:
             calls: list[tuple[Any, Any]] = []
@@ -170,11 +211,11 @@ class Lens:
                 calls.append(fam.split_call(args, kwargs))
 
             handle = module.register_forward_hook(hook, with_kwargs=True)
-            flags = {m: m.training for m in self.model.modules()}
+            flags = {m: m.training for m in model.modules()}
             try:
-                self.model.eval()
+                model.eval()
                 with torch.no_grad():
-                    out = self.model(ids if self.encode is None else self.encode(ids))
+                    out = self._forward(model, ids)
             finally:
                 handle.remove()
                 for m, flag in flags.items():
@@ -186,30 +227,74 @@ class Lens:
             inputs, hx = calls[0]
             if isinstance(inputs, PackedSequence):
                 inputs = unpack_equal(inputs, ids.shape[1], module.batch_first)
-            return Captured(inputs, hx, _output_tensor(out))
+            return Captured(inputs, hx, output_logits(out))
 
         return run
 
+    def _forward(self, model: nn.Module, ids: Tensor) -> Any:
+        """``model`` on ids (or ``encode(ids)``); a model that cannot read ids is one line."""
+        if self.encode is not None:
+            return model(self.encode(ids))
+        try:
+            return model(ids)
+        except (TypeError, RuntimeError, IndexError, AttributeError, ValueError) as e:
+            first = " ".join(str(e).split())[:160]
+            raise GatelensError(
+                f"{type(model).__name__}(ids) failed on ids (B, T) int64 ({type(e).__name__}: "
+                f"{first}); if its forward takes something else, pass Lens(model, "
+                "encode=...) mapping ids to what it takes") from None
+
     def describe(self, path: str) -> dict:
         """report.json's "model" block for the module at ``path``."""
-        return {**self.families[path].describe(), "step": None, "path": path,
+        info = {**self.families[path].describe(), "step": None, "path": path,
                 "class": type(self.model).__name__}
+        if self.run is not None:
+            info.update(self.run.model_block())
+        return info
 
-    def analyze(self, text_or_ids: str | os.PathLike | Tensor, *, windows: int = 32,
-                length: int = 128, perturb_pos: int = 32, out: str | os.PathLike | None = None,
-                seed: int = 0) -> LensResult:
-        """Measure every recurrent module; with ``out``, write OUT/<path or "model">/report.*
-        and OUT/index.html (each file atomically)."""
+    def _baseline(self, path: str) -> tuple[int, nn.Module, Runner] | None:
+        """(step 0, its module, its runner) of a run's untrained model, else None."""
+        base = None if self.run is None else self.run.baseline()
+        if base is None:
+            return None
+        lens = Lens(base, self.vocab, self.encode)
+        fam = lens.families[path]
+        return base.gatelens_run.step, fam.module, lens._runner(base, fam, path)
+
+    def measure(self, path: str, ids: Tensor, chars: list[str], *, perturb_pos: int = 32,
+                seed: int | None = None, text: dict | None = None, chunk: int | None = None,
+                progress: bool = False, timings: dict | None = None) -> Analysis:
+        """Every measurement of the module at ``path`` on windows ``ids`` (B, T): the one
+        path ``Lens.analyze``, ``gatelens analyze RUN`` and ``--weights`` take."""
         from gatelens.analysis.measure import measure
+
+        if seed is None:
+            seed = 0 if self.run is None else self.run.seed
+        a = measure(self.modules[path], self.runner(path), ids, chars, perturb_pos=perturb_pos,
+                    seed=seed, init_value=0.5 if self.run is None else self.run.init_keep,
+                    baseline=self._baseline(path), model=self.describe(path),
+                    text=text or {"windows": int(ids.shape[0]), "length": int(ids.shape[1]),
+                                  "source": "ids"},
+                    chunk=chunk, progress=progress, timings=timings)
+        if self.run is not None:
+            a.history, a.best_step, a.control = (self.run.history(), self.run.best_step,
+                                                 self.run.control())
+        return a
+
+    def analyze(self, text_or_ids: str | os.PathLike | Tensor, *, windows: int | str = 32,
+                length: int = 128, perturb_pos: int = 32, out: str | os.PathLike | None = None,
+                seed: int | None = None, chunk: int | None = None,
+                progress: bool = False) -> LensResult:
+        """Measure every recurrent module; with ``out``, write OUT/<path or "model">/report.*
+        and OUT/index.html (each analysis appears whole). ``seed`` draws the replacement
+        characters (default: the run's seed for a run's model, else 0)."""
         from gatelens.report.write import write_analysis
 
         ids, chars, source = self.windows(text_or_ids, windows, length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
-        analyses = {}
-        for path, module in self.modules.items():
-            analyses[path] = measure(module, self.runner(path), ids, chars,
-                                     perturb_pos=perturb_pos, seed=seed, baseline=None,
-                                     model=self.describe(path), text=text)
+        analyses = {path: self.measure(path, ids, chars, perturb_pos=perturb_pos, seed=seed,
+                                       text=text, chunk=chunk, progress=progress)
+                    for path in self.families}
         notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
         result = LensResult(analyses, None if out is None else Path(out), notes=notes)
         if result.out is not None:
@@ -221,3 +306,13 @@ class Lens:
 
             atomic_write_text(result.out / "index.html", result.index_html)
         return result
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether a str passed as text names an existing file (then it is read as one)."""
+    if "\n" in text or len(text) > 4096:
+        return False
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from gatelens.analysis.perturbation import PerturbationDecay
 from gatelens.analysis.units import UnitTimescales, shift_from_init
 from gatelens.io import atomic_write_json
-from gatelens.training.runs import history_rows
+from gatelens.training.runs import read_history  # noqa: F401 - report.json's history
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -47,26 +47,6 @@ def null_units(n_units: int) -> dict:
 
 def units_dict(units: UnitTimescales | None, n_units: int) -> dict:
     return null_units(n_units) if units is None else units.to_dict()
-
-
-def read_history(run: Path) -> dict | None:
-    """Validation loss over training from RUN/history.csv (rows with a val_loss), or None.
-
-    Returns {"step": [...], "val_loss": [...], "train_step": [...], "train_loss": [...]}.
-    """
-    out: dict[str, list] = {"step": [], "val_loss": [], "train_step": [], "train_loss": []}
-    for row in history_rows(run):
-        try:
-            step = int(row["step"])
-            if row.get("val_loss"):
-                out["step"].append(step)
-                out["val_loss"].append(float(row["val_loss"]))
-            if row.get("train_loss"):
-                out["train_step"].append(step)
-                out["train_loss"].append(float(row["train_loss"]))
-        except (KeyError, ValueError):
-            continue  # a malformed row is left out of the plot, not fatal
-    return out if out["step"] or out["train_step"] else None
 
 
 def decomposition_summary(decay: PerturbationDecay) -> dict | None:

@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 from gatelens.analysis.units import half_life
-from gatelens.io import atomic_write, atomic_write_json, atomic_write_text
+from gatelens.io import atomic_write_many
 from gatelens.report.study import FIGURES, render_html, render_markdown, study_plots
 from gatelens.studies.spec import StudySpec, condition_label
 
@@ -177,10 +177,13 @@ def write_study(spec: StudySpec, records: list[dict], out: str | Path) -> dict:
     """Merge and write OUT/study.json, OUT/study.md, OUT/plots/*.png and OUT/study.html."""
     out = Path(out)
     study = merge(spec, records, out)
-    atomic_write_json(out / "study.json", study)
     plots = study_plots(study)
-    for name, png in plots.items():
-        atomic_write(out / "plots" / name, lambda tmp, png=png: tmp.write_bytes(png))
-    atomic_write_text(out / "study.md", render_markdown(study, list(plots)))
-    atomic_write_text(out / "study.html", render_html(study, plots))
+    md, html = render_markdown(study, list(plots)), render_html(study, plots)
+    text = json.dumps(study, indent=2, allow_nan=False) + "\n"
+    writes = {out / "plots" / name: (lambda tmp, png=png: tmp.write_bytes(png))
+              for name, png in plots.items()}
+    writes[out / "study.json"] = lambda tmp: tmp.write_text(text, encoding="utf-8")
+    writes[out / "study.md"] = lambda tmp: tmp.write_text(md, encoding="utf-8")
+    writes[out / "study.html"] = lambda tmp: tmp.write_text(html, encoding="utf-8")
+    atomic_write_many(writes)  # all written before any is renamed in
     return study

@@ -16,13 +16,15 @@ is reused, an interrupted one resumed, an analysis already written re-run (it is
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 from gatelens.errors import GatelensError
-from gatelens.io import atomic_write_json, atomic_write_text
+from gatelens.io import atomic_write_many
 from gatelens.lens.analyze import analyze
+from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.report.reproduce_md import render_reproduce
 from gatelens.studies.seed_compare import CELLS, SEED_FIGURES, compare, forget_bias_study
 from gatelens.training.config import TrainConfig
@@ -86,7 +88,7 @@ def ensure_run(cfg: TrainConfig, run: Path, progress: bool = True) -> str:
         _stop_if_interrupted(train(None, run, resume=True, progress=progress,
                                    overrides={"steps": cfg.steps}))
         return "resumed"
-    if run.exists() and any(run.iterdir()):
+    if run.exists() and any(not is_lock_or_leftover(p.name) for p in run.iterdir()):
         raise GatelensError(f"{run}: not a run directory but not empty; remove it or choose "
                             "another --out")
     _stop_if_interrupted(train(cfg, run, progress=progress))
@@ -117,8 +119,16 @@ def reproduce(out: str | Path, *, corpus: str = "shakespeare",
     ``sizes`` maps a cell to TrainConfig overrides (it overrides ``cells``); tests
     pass a tiny corpus and tiny sizes. ``forget_bias`` adds the seed's forget-bias study: a
     fourth LSTM, the same as the first but with that total forget bias, set beside it.
+    OUT is checked before any work and held with ``gatelens.lock`` throughout.
     """
-    out = Path(out)
+    with writing_dir(out) as out:
+        return _reproduce(out, corpus, sizes, windows, length, perturb_pos, progress,
+                          forget_bias, cells, seeds)
+
+
+def _reproduce(out: Path, corpus: str, sizes: dict[str, dict] | None, windows: int,
+               length: int, perturb_pos: int, progress: bool, forget_bias: float | None,
+               cells: tuple[str, ...] | None, seeds: int) -> dict:
     if sizes is None:
         sizes = {c: DEFAULT_SIZES[c] for c in (cells or SEED_CELLS) if c in DEFAULT_SIZES}
         unknown = sorted(set(cells or ()) - set(DEFAULT_SIZES))
@@ -173,8 +183,10 @@ def reproduce(out: str | Path, *, corpus: str = "shakespeare",
               "perturb_pos": perturb_pos, "seed": SEED_FIGURES, "runs": runs,
               **compare(reports, runs), "forget_bias": study, "seeds": seeds,
               "spread": spread}
-    atomic_write_json(out / "reproduce.json", result)
-    atomic_write_text(out / "reproduce.md", render_reproduce(result))
+    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+    md = render_reproduce(result)
+    atomic_write_many({out / "reproduce.json": lambda t: t.write_text(text, encoding="utf-8"),
+                       out / "reproduce.md": lambda t: t.write_text(md, encoding="utf-8")})
     _say(progress, f"wrote {out / 'reproduce.md'} and reproduce.json")
     return result
 

@@ -15,6 +15,13 @@ work starts.
 ``init`` is "none", "forget_bias:B" or "chrono:TMAX". A condition is a setting of
 everything but the seed.
 
+A trial's id names its condition's values and its seed (``cell-lstm_seed-0``); a negative
+number is written with an ``m`` (seed −3: ``seed-m3``). The id of a value depends on that
+value and the ones listed before it on its axis only, so extending a grid (a value added
+at the end of an axis, or a new axis value anywhere that names differently) keeps every
+existing trial's id: of two values with one name (two corpus files called tiny.txt in
+two directories) the first keeps the name and the later one gets a digest of itself.
+
 >>> spec = parse_spec({"grid": {"cell": ["lstm", "gru"], "seed": [0, 1]},
 ...                    "train": {"hidden": 8}})
 >>> [t.id for t in spec.trials]
@@ -32,6 +39,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import os
 import re
 
 try:
@@ -45,6 +54,7 @@ from typing import Any
 
 from gatelens.analysis.measure import check_perturb_pos
 from gatelens.errors import GatelensError
+from gatelens.io import SMALL_CAP, read_utf8
 from gatelens.training.config import TrainConfig
 
 SECTIONS = ("grid", "train", "analysis")
@@ -52,6 +62,7 @@ ANALYSIS_DEFAULTS = {"windows": 32, "length": 128, "perturb_pos": 32}
 PRESETS = ("dynamics", "forget-bias", "cells", "long-memory", "modern")
 _FIELD_TYPES = {f.name: str(f.type).split("|")[0].strip() for f in fields(TrainConfig)}
 TRAIN_KEYS = (*_FIELD_TYPES, "init")
+MAX_TRIALS = 100_000  # trials one study may hold (the grid's product is checked first)
 MATCH = "match_params"  # [train] only: a cell whose parameter count every trial matches
 
 
@@ -134,8 +145,34 @@ def _check_type(where: str, key: str, value: Any) -> Any:
 
 
 def _slug(value: Any) -> str:
+    """A value as a piece of a directory name.
+
+    >>> _slug(-3), _slug(3), _slug(-0.5), _slug("/data/tiny.txt"), _slug("recall:gap=5-9")
+    ('m3', '3', 'm0.5', 'tiny.txt', 'recall-gap-5-9')
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        text = str(value)
+        return "m" + text[1:] if text.startswith("-") else text
     text = Path(value).name if isinstance(value, str) and "/" in value else str(value)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+
+
+def _value_names(conditions: list[dict]) -> dict[tuple[str, str], str]:
+    """(key, JSON of a value) -> its name in ids: its slug, or for a value whose slug an
+    earlier value of the same key already has, the slug and a digest of the value."""
+    names: dict[tuple[str, str], str] = {}
+    taken: dict[str, set[str]] = {}
+    for cond in conditions:
+        for k, v in cond.items():
+            key = (k, json.dumps(v, sort_keys=True))
+            if key in names:
+                continue
+            name = _slug(v)
+            if name in taken.setdefault(k, set()):
+                name = f"{name}-{hashlib.sha256(key[1].encode()).hexdigest()[:6]}"
+            taken[k].add(name)
+            names[key] = name
+    return names
 
 
 def _table(doc: dict, section: str, where: str) -> dict:
@@ -270,12 +307,24 @@ def _expand(values: dict, tables: dict, analysis: dict, where: str,
     axes = [k for k, v in values.items() if isinstance(v, list) and k != "seed"]
     seeds = values.get("seed", 0)
     seeds = seeds if isinstance(seeds, list) else [seeds]
+    n = math.prod(len(values[k]) for k in axes) * math.prod(map(len, tables.values())) * len(seeds)
+    if n > MAX_TRIALS:
+        raise GatelensError(f"{where}: the grid expands to {n} trials, more than gatelens runs "
+                            f"in one study ({MAX_TRIALS}); split it")
     trials = []
+    combos = []
     for combo in itertools.product(*(values[k] for k in axes), *tables.values()):
         plain = dict(zip(axes, combo[: len(axes)], strict=True))
         condition = dict(plain)
         for row in combo[len(axes):]:
             condition.update(row)
+        combos.append((plain, condition))
+    # names in each axis's own order (not the grid's), so a value's name never depends on
+    # the values listed after it
+    axis_order = [{k: v} for k in axes for v in values[k]]
+    axis_order += [row for axis in tables.values() for row in axis]
+    names = _value_names([*axis_order, *({"seed": s} for s in seeds)])
+    for plain, condition in combos:
         for seed in seeds:
             base = {**TrainConfig().to_dict(), **values, **plain, "seed": seed}
             setting = {**base, **condition}
@@ -287,17 +336,19 @@ def _expand(values: dict, tables: dict, analysis: dict, where: str,
                     raise GatelensError(f"{where}: [train] {MATCH}: {e}") from None
             if "init" in setting:
                 setting["forget_bias"], setting["chrono"] = parse_init(setting.pop("init"), "")
-            name = "_".join(f"{k}-{_slug(v)}" for k, v in (*condition.items(), ("seed", seed)))
+            name = "_".join(f"{k}-{names[(k, json.dumps(v, sort_keys=True))]}"
+                            for k, v in (*condition.items(), ("seed", seed)))
             cfg = TrainConfig(**setting)
             try:
                 cfg.validate()
             except GatelensError as e:
                 raise GatelensError(f"{where}: trial {name}: {e}") from None
             trials.append(Trial(name, condition, seed, cfg.to_dict(), dict(analysis)))
-    ids = [t.id for t in trials]
-    if len(set(ids)) < len(ids):  # two values with one slug (corpora of one name in two dirs)
-        trials = [Trial(f"{t.id}-{_digest(t)}", t.condition, t.seed, t.train, t.analysis)
-                  for t in trials]
+    seen: set[str] = set()
+    for k, t in enumerate(trials):  # what names alone cannot tell apart (rare): a digest
+        if t.id in seen:
+            trials[k] = Trial(f"{t.id}-{_digest(t)}", t.condition, t.seed, t.train, t.analysis)
+        seen.add(trials[k].id)
     return trials
 
 
@@ -306,15 +357,52 @@ def _digest(t: Trial) -> str:
 
 
 def load_spec(path: str | Path) -> StudySpec:
-    """Read and check SPEC.toml."""
+    """Read and check SPEC.toml (a regular file of at most ``io.SMALL_CAP`` bytes)."""
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise GatelensError(f"{p}: no such spec file")
+    text = read_utf8(p, "a SPEC.toml", SMALL_CAP)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise GatelensError(f"{p}: not valid TOML ({e})") from None
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise GatelensError(f"{p}: not valid TOML ({' '.join(str(e).split())[:160]})") from None
     return parse_spec(doc, str(p))
+
+
+def normal_settings(settings: object) -> object:
+    """A trial's settings (trial.json's "spec") with the defaults of settings added since it
+    was written filled in, so a trial run before a new TrainConfig field is still
+    recognised as the same trial.
+
+    >>> normal_settings({"train": {"hidden": 8}, "analysis": {}})["train"]["optimizer"]
+    'adam'
+    """
+    if not (isinstance(settings, dict) and isinstance(settings.get("train"), dict)
+            and isinstance(settings.get("analysis"), dict)):
+        return settings
+    return {**settings, "train": {**TrainConfig().to_dict(), **settings["train"]},
+            "analysis": {**ANALYSIS_DEFAULTS, **settings["analysis"]}}
+
+
+def check_corpora(trials: list[Trial]) -> None:
+    """Every corpus the trials train on can be read (a built-in name, a valid synthetic
+    spec, or a regular file within the size cap that opens): a one-line GatelensError
+    naming the first that cannot, before any work starts. The text itself (UTF-8, length)
+    is each trial's to check."""
+    from gatelens.io import check_regular
+    from gatelens.training.synthetic import is_synthetic
+    from gatelens.training.synthetic import parse_spec as parse_synthetic
+
+    for corpus in dict.fromkeys(t.train["corpus"] for t in trials):
+        if is_synthetic(corpus):
+            parse_synthetic(corpus)
+        elif corpus == "shakespeare" and not Path(corpus).exists():
+            continue  # built in (fetched once by the first trial that needs it)
+        else:
+            try:
+                check_regular(corpus, "a UTF-8 corpus")
+            except GatelensError as e:
+                raise GatelensError(f"corpus {e}") from None
 
 
 def preset_text(name: str) -> str:

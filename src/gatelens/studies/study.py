@@ -11,6 +11,12 @@ trial.json records the same settings is reused without training; an interrupted 
 resumed (``train(..., resume=True)``, analyses already written are kept); a failing one is
 recorded with its error while the others go on. Ray is imported only when trials run.
 
+One writer per directory (``gatelens.lock``): the study holds DIR, each trial (a Ray task,
+wherever it runs) holds DIR/trials/<id>, and ``train`` the run inside it. A trial whose
+task was lost with its worker or node (Ray reports it as a system error, not the trial's
+own) is submitted again, up to ``MAX_ATTEMPTS`` times in all; the new attempt takes over
+the dead task's stale lock and resumes its run from the last checkpoint.
+
 >>> record = new_record(parse_spec({"grid": {"seed": [3]}}).trials[0])
 >>> record["id"], record["status"], record["run"]
 ('seed-3', 'pending', 'trials/seed-3/run')
@@ -32,14 +38,30 @@ from pathlib import Path
 from typing import Any
 
 from gatelens.errors import GatelensError
-from gatelens.io import atomic_write_json
-from gatelens.progress import Progress, _clock
-from gatelens.studies.spec import StudySpec, Trial, load_preset, load_spec, parse_spec
+from gatelens.io import SMALL_CAP, atomic_write_json, read_utf8, remove_leftovers
+from gatelens.lock import clear_held, is_lock_or_leftover, locked, writing_dir
+from gatelens.progress import Progress
+from gatelens.studies.estimate import estimate, makespan, measure_trial, step_seconds
+from gatelens.studies.spec import (
+    StudySpec,
+    Trial,
+    check_corpora,
+    load_preset,
+    load_spec,
+    normal_settings,
+    parse_spec,
+)
 from gatelens.training.runs import CONFIG, checkpoint_steps, history_rows, read_config
 
-__all__ = ["StudyResult", "load_preset", "load_spec", "parse_spec", "run_study", "run_trial"]
+__all__ = ["StudyResult", "load_preset", "load_spec", "makespan", "parse_spec", "run_study",
+           "run_trial", "step_seconds"]
 
 TRIALS = "trials"
+#: Attempts a trial gets when its Ray task is lost (worker or node died), in all.
+MAX_ATTEMPTS = 3
+#: Seconds a trial waits for the lock of a task that is still dying (a lost node's worker
+#: can outlive its raylet a little; its lock is released when it ends).
+LOST_HOLDER_WAIT = 120.0
 INSTALL_HINT = "gatelens study needs Ray: install the extra with pip install 'gatelens[study]'"
 
 
@@ -47,7 +69,7 @@ def new_record(trial: Trial) -> dict:
     """trial.json before the trial has run; paths are relative to the study directory."""
     return {"version": 1, "id": trial.id, "condition": trial.condition, "seed": trial.seed,
             "spec": trial.settings(), "run": f"{TRIALS}/{trial.id}/run", "status": "pending",
-            "error": None, "how": None, "seconds": None, "timings": {},
+            "error": None, "how": None, "seconds": None, "timings": {}, "attempts": 1,
             "checkpoints": []}
 
 
@@ -57,12 +79,15 @@ def _error_line(e: BaseException) -> str:
     return " ".join(text.split()) or type(e).__name__
 
 
-def run_trial(trial: Trial, out: str | Path, threads: int | None = None) -> dict:
+def run_trial(trial: Trial, out: str | Path, threads: int | None = None,
+              attempt: int = 1) -> dict:
     """Train and analyse one trial under ``out``/trials/<id>; write and return trial.json.
 
     A trial's own failure is recorded (status "failed", the error as one line), never
     raised, so the other trials go on. ``threads`` sets torch's intra-op threads (a Ray
-    task's CPUs).
+    task's CPUs); ``attempt`` is recorded (a lost task's trial runs again). The trial's
+    directory is locked meanwhile; a lock still held by another process is waited for
+    (``LOST_HOLDER_WAIT``), then the trial fails naming the holder.
     """
     import torch
 
@@ -70,21 +95,30 @@ def run_trial(trial: Trial, out: str | Path, threads: int | None = None) -> dict
         torch.set_num_threads(threads)
     tdir = Path(out) / TRIALS / trial.id
     record, t0 = new_record(trial), time.perf_counter()
+    record["attempts"] = attempt
     try:
-        record["how"] = _train(trial, tdir / "run")
-        record["timings"]["train"] = round(time.perf_counter() - t0, 3)
-        record["checkpoints"] = _analyze_all(trial, tdir)
-        record["timings"]["analyze"] = round(time.perf_counter() - t0
-                                             - record["timings"]["train"], 3)
-        record["status"] = "done"
-    except Exception as e:  # a trial's failure is its record, not the study's
+        with writing_dir(tdir, wait=LOST_HOLDER_WAIT):
+            try:
+                remove_leftovers(tdir)
+                remove_leftovers(tdir / "analysis")  # a killed attempt's half analyses
+                record["how"] = _train(trial, tdir / "run")
+                record["timings"]["train"] = round(time.perf_counter() - t0, 3)
+                record["checkpoints"] = _analyze_all(trial, tdir)
+                record["timings"]["analyze"] = round(time.perf_counter() - t0
+                                                     - record["timings"]["train"], 3)
+                record["status"] = "done"
+            except Exception as e:  # a trial's failure is its record, not the study's
+                record["status"], record["error"] = "failed", _error_line(e)
+            record["seconds"] = round(time.perf_counter() - t0, 3)
+            atomic_write_json(tdir / "trial.json", record)
+    except GatelensError as e:  # its directory: held by another, or not writable
         record["status"], record["error"] = "failed", _error_line(e)
-    record["seconds"] = round(time.perf_counter() - t0, 3)
-    atomic_write_json(tdir / "trial.json", record)
+        record["seconds"] = round(time.perf_counter() - t0, 3)
     return record
 
 
 def _train(trial: Trial, run: Path) -> str:
+    """Train, resume or reuse the trial's run (the trial's lock is held by the caller)."""
     from gatelens.training.train import RESUME, train
 
     cfg = trial.config()
@@ -95,7 +129,8 @@ def _train(trial: Trial, run: Path) -> str:
         train(None, run, resume=True, progress=False)
         return "resumed"
     if run.exists():  # a start that died before its first checkpoint: nothing to keep
-        shutil.rmtree(run)
+        with locked(run):  # never while another process writes it
+            clear_held(run)
     train(cfg, run, progress=False)
     return "trained"
 
@@ -129,7 +164,7 @@ def plan(spec: StudySpec, out: Path,
     for trial in spec.trials:
         path = out / TRIALS / trial.id / "trial.json"
         rec = _read_record(path)
-        if rec is not None and rec.get("spec") != trial.settings():
+        if rec is not None and normal_settings(rec.get("spec")) != trial.settings():
             raise GatelensError(f"{path}: this trial was run with other settings than "
                                 f"{spec.where} gives; choose another --out")
         if rec is not None and rec.get("status") == "done":
@@ -143,8 +178,8 @@ def plan(spec: StudySpec, out: Path,
     return reused, todo
 
 
-def _settings_key(settings: dict) -> str:
-    return json.dumps(settings, sort_keys=True)
+def _settings_key(settings: object) -> str:
+    return json.dumps(normal_settings(settings), sort_keys=True)
 
 
 def _finished_trials(dirs: Iterable[str | Path]) -> dict[str, Path]:
@@ -176,8 +211,9 @@ def copy_trial(src: Path, trial: Trial, out: Path) -> dict:
         shutil.rmtree(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     for part in ("run", "analysis"):
-        if (src / part).exists():
-            shutil.copytree(src / part, tmp / part)
+        if (src / part).exists():  # not the other study's locks or temporary files
+            shutil.copytree(src / part, tmp / part, ignore=lambda d, names: [
+                n for n in names if is_lock_or_leftover(n)])
     new = {**new_record(trial), **{k: rec.get(k) for k in ("status", "error", "seconds",
                                                            "timings")},
            "how": "copied", "copied_from": str(src.resolve()),
@@ -199,61 +235,24 @@ def _read_record(path: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        rec = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GatelensError(f"{path}: not a trial record ({e})") from None
+        rec = json.loads(read_utf8(path, "a trial record", SMALL_CAP))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise GatelensError(f"{path}: not a trial record ({type(e).__name__})") from None
     return rec if isinstance(rec, dict) else None
 
 
-def step_seconds(trial: Trial, threads: int = 1, steps: int = 3) -> float:
-    """Seconds per training step of ``trial``'s model, timed in-process (one warm-up step,
-    then ``steps``) with ``threads`` torch threads."""
-    import torch
-
-    from gatelens.training.train import Data, build, loss_on
-
-    cfg = trial.config()
-    data = Data.load(cfg)
-    model = build(cfg, data.vocab.size)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
+def _estimate(todo: list[Trial], workers: int, out: Path) -> str:
+    """One line: wall time (training and analyses) and disk, measured on the first trial
+    (``gatelens.studies.estimate``), and a warning when the disk has less free."""
     try:
-        for k in range(steps + 1):
-            if k == 1:
-                t0 = time.perf_counter()
-            loss = loss_on(model, data.batch(cfg.batch, cfg.seq, gen))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return (time.perf_counter() - t0) / steps
-    finally:
-        torch.set_num_threads(old)
-
-
-def makespan(seconds: list[float], workers: int) -> float:
-    """Wall time of jobs taken in order, each by the first free of ``workers``.
-
-    >>> makespan([10, 10, 10], 2), makespan([10, 10, 10, 10], 2), makespan([5], 4)
-    (20.0, 20.0, 5.0)
-    """
-    free = [0.0] * max(1, workers)
-    for s in seconds:
-        k = free.index(min(free))
-        free[k] += s
-    return max(free)
-
-
-def _estimate(todo: list[Trial], workers: int, threads: int) -> str:
-    """One line: the trials to run and their training time from 3 timed steps."""
-    try:
-        per_step = step_seconds(todo[0], threads)
+        cost = measure_trial(todo[0])
     except GatelensError as e:
-        return f"no time estimate ({todo[0].id}: {e})"
-    total = makespan([t.train["steps"] * per_step for t in todo], workers)
-    return (f"about {_clock(total)} of training on {workers} workers "
-            f"({per_step * 1e3:.1f} ms per step of {todo[0].id}; analyses add to it)")
+        return f"no estimate ({todo[0].id}: {e})"
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError:
+        free = None
+    return estimate(todo, workers, cost).line(workers, free)
 
 
 def _import_ray():
@@ -307,19 +306,27 @@ def run_ray(todo: list[Trial], out: Path, *, workers: int | None = None,
     out = out.resolve()
     with ray_session(workers, address) as ray:
         task = ray.remote(num_cpus=cpus_per_trial, max_retries=0)(run_trial)
+        final = (ray.exceptions.RayTaskError, ray.exceptions.TaskCancelledError)
         limit = workers or len(todo)
-        queue, pending, records = list(todo), {}, []
+        queue, pending, records = [(t, 1) for t in todo], {}, []
         bar = Progress(len(todo), "study", unit="trial", enabled=progress)
         while queue or pending:
             while queue and len(pending) < limit:
-                t = queue.pop(0)
-                pending[task.remote(t, str(out), cpus_per_trial)] = t
+                t, attempt = queue.pop(0)
+                pending[task.remote(t, str(out), cpus_per_trial, attempt)] = (t, attempt)
             done, _ = ray.wait(list(pending), num_returns=1)
-            t = pending.pop(done[0])
+            t, attempt = pending.pop(done[0])
             try:
                 rec = ray.get(done[0])
-            except ray.exceptions.RayError as e:  # the task itself died (worker lost, OOM)
-                rec = {**new_record(t), "status": "failed", "error": _error_line(e)}
+            except ray.exceptions.RayError as e:  # the task died (worker or node lost, OOM)
+                if not isinstance(e, final) and attempt < MAX_ATTEMPTS:
+                    print(f"gatelens study: {t.id}: its task was lost ({_error_line(e)[:120]});"
+                          f" submitting it again (attempt {attempt + 1} of {MAX_ATTEMPTS})",
+                          file=sys.stderr)
+                    queue.insert(0, (t, attempt + 1))
+                    continue
+                rec = {**new_record(t), "status": "failed", "error": _error_line(e),
+                       "attempts": attempt}
                 atomic_write_json(out / TRIALS / t.id / "trial.json", rec)
             records.append(rec)
             bar.update(1)
@@ -353,20 +360,25 @@ def run_study(spec: StudySpec | str | Path, out: str | Path, *, workers: int | N
 
     Everything is checked before any work; bad input raises a one-line GatelensError.
     """
-    from gatelens.studies.merge import write_study
-
     if not isinstance(spec, StudySpec):
         spec = load_spec(spec)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise GatelensError(f"{out}: exists and is not a directory")
+    with writing_dir(out) as out:
+        return _run_study(spec, out, workers, address, progress, reuse)
+
+
+def _run_study(spec: StudySpec, out: Path, workers: int | None, address: str | None,
+               progress: bool, reuse: Iterable[str | Path]) -> StudyResult:
+    from gatelens.studies.merge import write_study
+
     reused, todo = plan(spec, out, reuse)
     records: list[dict] = list(reused)
     if todo:
-        _import_ray()  # before any work: a missing Ray is a one-line error
+        check_corpora(todo)  # before Ray and before any work
+        _import_ray()  # a missing Ray is a one-line error
         workers_n = workers or (os.cpu_count() or 1)
-        _say(progress, f"{len(spec.trials)} trials ({_reused_words(reused)}; "
-                       f"{len(todo)} to run); " + _estimate(todo, workers_n, 1))
+        if progress:
+            _say(progress, f"{len(spec.trials)} trials ({_reused_words(reused)}; "
+                           f"{len(todo)} to run); " + _estimate(todo, workers_n, out))
         (out / TRIALS).mkdir(parents=True, exist_ok=True)
         records += run_ray(todo, out, workers=workers, address=address, progress=progress)
     else:

@@ -8,10 +8,16 @@ gatelens.errors.GatelensError: --hidden must be a positive integer, got 0
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
-from gatelens.errors import GatelensError
+from gatelens.errors import SEED_MAX, SEED_MIN, GatelensError
 from gatelens.families.spec import FAMILIES, family_spec
+
+#: ``--optimizer`` choices (gatelens.training.optim builds them with PyTorch's defaults).
+OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
+#: ``--bias-init`` choices: PyTorch's own initialisation, or every recurrent bias 0.
+BIAS_INITS = ("pytorch", "zero")
 
 
 @dataclass
@@ -26,8 +32,11 @@ class TrainConfig:
     steps: int = 800  # optimiser steps (the seed's 800)
     batch: int = 32  # windows per batch
     seq: int = 128  # characters per training window (targets are the next characters)
-    lr: float = 2e-3  # Adam learning rate (char-rnn's customary 2e-3)
-    clip: float = 5.0  # gradient clipping: max global L2 norm
+    lr: float = 2e-3  # learning rate (char-rnn's customary 2e-3 for Adam); any finite > 0
+    clip: float = 5.0  # gradient clipping: max global L2 norm (finite; 1e9 is "no clipping")
+    optimizer: str = "adam"  # adam | sgd | rmsprop, PyTorch's defaults but for lr
+    bias_init: str = "pytorch"  # pytorch | zero: every bias of the recurrent module 0 at
+    #                             step 0 (before forget_bias/chrono; the head keeps PyTorch's)
     forget_bias: float | None = None  # keep gate's total bias b_ih + b_hh (None: PyTorch's)
     chrono: float | None = None  # chrono initialisation T_max (None: off)
     eval_every: int = 100  # validation loss (and a checkpoint) every this many steps
@@ -42,7 +51,8 @@ class TrainConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise GatelensError(f"--{name.replace('_', '-')} must be a positive integer, "
                                     f"got {v}")
-        if self.embed is not None and self.embed <= 0:
+        if self.embed is not None and (not isinstance(self.embed, int)
+                                       or isinstance(self.embed, bool) or self.embed <= 0):
             raise GatelensError(f"--embed must be a positive integer, got {self.embed}")
         if self.cell not in FAMILIES:
             raise GatelensError(f"--cell must be one of {', '.join(FAMILIES)}, got {self.cell!r}")
@@ -56,10 +66,25 @@ class TrainConfig:
             raise GatelensError("--heads applies to --cell slstm only")
         if self.hidden % self.heads:
             raise GatelensError(f"--heads {self.heads} must divide --hidden {self.hidden}")
-        if not self.lr > 0:
-            raise GatelensError(f"--lr must be positive, got {self.lr}")
-        if not self.clip > 0:
-            raise GatelensError(f"--clip must be positive, got {self.clip}")
+        for name in ("lr", "clip"):
+            v = getattr(self, name)
+            if not _number(v) or not v > 0 or not math.isfinite(v):
+                raise GatelensError(f"--{name} must be a positive finite number, got {v}")
+        for name in ("forget_bias", "chrono"):
+            v = getattr(self, name)
+            if v is not None and (not _number(v) or not math.isfinite(v)):
+                raise GatelensError(f"--{name.replace('_', '-')} must be a finite number, "
+                                    f"got {v}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not (
+                SEED_MIN <= self.seed <= SEED_MAX):
+            raise GatelensError(f"--seed must be an integer from -2**63 to 2**64 - 1 (what "
+                                f"PyTorch seeds from), got {self.seed}")
+        if self.optimizer not in OPTIMIZER_NAMES:
+            raise GatelensError(f"--optimizer must be one of {', '.join(OPTIMIZER_NAMES)}, "
+                                f"got {self.optimizer!r}")
+        if self.bias_init not in BIAS_INITS:
+            raise GatelensError(f"--bias-init must be one of {', '.join(BIAS_INITS)}, "
+                                f"got {self.bias_init!r}")
         if self.forget_bias is not None and self.chrono is not None:
             raise GatelensError("--forget-bias and --chrono are exclusive; give one")
         if family_spec(self.cell).keep_gate is None and (self.forget_bias is not None
@@ -92,3 +117,7 @@ def check_chrono(t_max: float) -> None:
     """
     if not t_max > 2:
         raise GatelensError(f"--chrono TMAX must be above 2, got {t_max}")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+import numpy as np
 import torch
 
 from gatelens.errors import GatelensError
@@ -62,17 +63,27 @@ class Vocab:
         return {c: i for i, c in enumerate(self.chars)}
 
     def encode(self, text: str, where: str = "text") -> torch.Tensor:
-        """Indices of ``text`` (int64); a character outside the vocabulary is an error."""
-        index = self.index
-        try:
-            return torch.tensor([index[c] for c in text], dtype=torch.long)
-        except KeyError:
-            for pos, c in enumerate(text):
-                if c not in index:
-                    raise GatelensError(
-                        f"{where}: character {c!r} at position {pos} is not in the model's "
-                        f"vocabulary of {self.size} characters") from None
-            raise
+        """Indices of ``text`` (int64); a character outside the vocabulary is an error.
+
+        Vectorised over code points (about 12 bytes of memory a character), so a corpus of
+        hundreds of MB encodes without a Python object per character.
+        """
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")  # (N,)
+        # a named entry (an embedding's "<unused k>" row) matches no character of a text
+        table = np.array([ord(c) if len(c) == 1 else 0xFFFFFFFF for c in self.chars],
+                         dtype=np.uint32)  # (V,)
+        order = np.argsort(table, kind="stable")
+        if not len(table):
+            table, order = np.array([0xFFFFFFFF], dtype=np.uint32), np.array([0])
+        pos = np.searchsorted(table[order], codes)  # (N,)
+        pos[pos == len(table)] = 0
+        found = (table[order][pos] == codes) & (pos < self.size)
+        if not found.all():
+            first = int(np.argmin(found))
+            raise GatelensError(
+                f"{where}: character {text[first]!r} at position {first} is not in the "
+                f"model's vocabulary of {self.size} characters")
+        return torch.from_numpy(order[pos].astype(np.int64))
 
     def decode(self, indices) -> str:
         return "".join(self.chars[int(i)] for i in indices)
@@ -87,12 +98,9 @@ def cache_dir() -> Path:
 
 
 def read_text_file(path: str | os.PathLike) -> str:
-    """Read a UTF-8 file; errors name the file (and the byte offset of bad UTF-8)."""
-    p = Path(path)
-    if not p.exists():
-        raise GatelensError(f"{path}: no such file")
-    if p.is_dir():
-        raise GatelensError(f"{path}: is a directory, expected a UTF-8 text file")
+    """Read a UTF-8 file; errors name the file (and the byte offset of bad UTF-8). Only a
+    regular file up to ``gatelens.io.TEXT_CAP`` (2 GiB) is read: a directory, a device, a
+    FIFO or a larger file is a one-line GatelensError."""
     text = read_utf8(path)
     if not text:
         raise GatelensError(f"{path}: empty corpus")
@@ -209,18 +217,29 @@ def default_window_starts(n_chars: int, windows: int, length: int) -> list[int]:
     return [round(k * span / (windows - 1)) for k in range(windows)]
 
 
-def analysis_windows(vocab: Vocab, windows: int, length: int, *, val_text: str | None = None,
-                     text: str | None = None, where: str = "--text") -> torch.Tensor:
+def analysis_windows(vocab: Vocab, windows: int | str, length: int, *,
+                     val_text: str | None = None, text: str | None = None,
+                     where: str = "--text") -> torch.Tensor:
     """The analysis windows of docs/methods.md as indices, (B, T) int64.
 
     With ``text`` (a --text FILE's contents): the first B consecutive, non-overlapping
-    T-character slices. Otherwise B windows evenly spaced over ``val_text``.
+    T-character slices. Otherwise B windows evenly spaced over ``val_text``. ``windows="all"``:
+    every whole T-character window, consecutive and non-overlapping, from the start.
 
     >>> v = Vocab.from_text("ab")
     >>> analysis_windows(v, 2, 3, text="abbaab!").tolist()
     [[0, 1, 1], [0, 0, 1]]
+    >>> analysis_windows(v, "all", 2, val_text="abbab").tolist()
+    [[0, 1], [1, 0]]
     """
-    if windows <= 0 or length <= 0:
+    if windows == "all":  # consecutive slices of whichever text it is
+        if text is None:
+            text, where = val_text, "validation text"
+        assert text is not None
+        if length <= 0 or len(text) < length:
+            raise GatelensError(f"{where}: {len(text)} characters, not one window of {length}")
+        windows = len(text) // length
+    if not isinstance(windows, int) or windows <= 0 or length <= 0:
         raise GatelensError(f"windows and length must be positive (got {windows}, {length})")
     if text is not None:
         need = windows * length
@@ -229,7 +248,6 @@ def analysis_windows(vocab: Vocab, windows: int, length: int, *, val_text: str |
                                 f"windows of {length} (needs {need})")
         ids = vocab.encode(text[:need], where=where)
         return ids.view(windows, length)  # (B, T)
-    assert val_text is not None
     starts = default_window_starts(len(val_text), windows, length)
     ids = vocab.encode(val_text, where="validation text")
     return torch.stack([ids[s:s + length] for s in starts])  # (B, T)

@@ -100,6 +100,25 @@ def _layers(rnn: nn.RNNBase):
 
 
 @torch.no_grad()
+def zero_biases(model: CharLM) -> list[str]:
+    """``--bias-init zero``: set every bias of the recurrent module (``rnn.*bias*``: PyTorch's
+    b_ih and b_hh, a gatelens cell's gate and MLP biases) to 0; the head keeps its own.
+    Returns the names set.
+
+    >>> m = CharLM(5, hidden=3, cell="gru"); zero_biases(m)
+    ['rnn.bias_ih_l0', 'rnn.bias_hh_l0']
+    >>> bool((m.rnn.bias_ih_l0 == 0).all()), bool((m.head.bias != 0).any())
+    (True, True)
+    """
+    names = []
+    for name, p in model.rnn.named_parameters():
+        if name.rsplit(".", 1)[-1].startswith("bias"):
+            p.zero_()
+            names.append(f"rnn.{name}")
+    return names
+
+
+@torch.no_grad()
 def set_forget_bias(model: CharLM, value: float) -> None:
     """Make the keep gate's total bias (b_ih + b_hh on the f slice; GRU: z) equal ``value``.
 

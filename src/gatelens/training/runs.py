@@ -4,24 +4,28 @@
     RUN/model.safetensors    weights of the best-validation step
     RUN/checkpoints/step-000000.safetensors ...
     RUN/history.csv          step, train_loss, val_loss, seconds
-    RUN/resume/              optimiser, RNG and data state of the last checkpoint
+    RUN/resume.safetensors   optimiser, RNG and data state of the last checkpoint
+
+model.safetensors is the authority on the best step: its metadata holds the step its
+weights are from (history.csv its validation loss), and ``read_config`` takes "best" from it when
+config.json says otherwise (a write that failed between the two files, e.g. a full
+disk). Weights holding NaN or Inf are refused by default (``check_finite``).
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from gatelens.errors import GatelensError
-from gatelens.io import atomic_write
+from gatelens.io import NO_CAP, SMALL_CAP, atomic_write, check_regular, read_utf8
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab
 from gatelens.training.model import CharLM
@@ -50,11 +54,70 @@ def save_weights(path: Path, tensors: dict[str, torch.Tensor], meta: dict | None
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
+def _unreadable(path: Path, e: BaseException) -> GatelensError:
+    text = " ".join(str(e).split())
+    return GatelensError(f"{path}: not a readable safetensors file "
+                         f"({text[:117] + '...' if len(text) > 120 else text})")
+
+
+def _safetensors_call(path: Path, fn):
+    """``fn()`` with every failure of the safetensors library (its errors, and the panics of
+    its Rust code, which are BaseExceptions) as one GatelensError naming ``path``."""
+    check_regular(path, "a safetensors file", NO_CAP)
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise GatelensError(f"{path}: not a readable safetensors file ({e})") from None
+        return fn()
+    except (SafetensorError, OSError, ValueError, TypeError, RuntimeError) as e:
+        raise _unreadable(path, e) from None
+    except BaseException as e:
+        if type(e).__name__ == "PanicException":
+            raise _unreadable(path, e) from None
+        raise
+
+
+def refuse_nonfinite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """GatelensError naming the first tensor holding NaN or Inf.
+
+    >>> nan = float("nan")
+    >>> refuse_nonfinite(Path("w.safetensors"), {"a": torch.ones(2), "b": torch.tensor([1, nan])})
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: w.safetensors: tensor b holds NaN or Inf (1 of 2 values); ...
+    """
+    for name, t in tensors.items():
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise GatelensError(f"{path}: tensor {name} holds NaN or Inf ({bad} of {t.numel()} "
+                                "values); these weights cannot be used")
+
+
+def read_weights(path: Path, check_finite: bool = True) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors (CPU). Anything unreadable, and (unless
+    ``check_finite=False``) a tensor holding NaN or Inf, is a one-line GatelensError."""
+    path = Path(path)
+    tensors = _safetensors_call(path, lambda: load_file(str(path)))
+    if check_finite:
+        refuse_nonfinite(path, tensors)
+    return tensors
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """A safetensors file's metadata (its header only; {} if it has none)."""
+    path = Path(path)
+
+    def meta() -> dict[str, str]:
+        with safe_open(str(path), "pt") as fh:
+            return dict(fh.metadata() or {})
+    return _safetensors_call(path, meta)
+
+
+def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from a safetensors header, without reading the data."""
+    path = Path(path)
+
+    def shapes() -> dict[str, tuple[int, ...]]:
+        with safe_open(str(path), "pt") as fh:
+            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    return _safetensors_call(path, shapes)
 
 
 def history_rows(run: str | Path) -> list[dict[str, str]]:
@@ -70,17 +133,71 @@ def history_rows(run: str | Path) -> list[dict[str, str]]:
 
 
 def read_config(run: str | Path) -> dict:
+    """RUN/config.json, checked (model block, vocabulary, settings); "best" as
+    model.safetensors's own metadata says (module docstring)."""
     path = Path(run) / CONFIG
     if not Path(run).is_dir():
         raise GatelensError(f"{run}: no such run directory")
     if not path.exists():
         raise GatelensError(f"{run}: not a run directory (no {CONFIG})")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-        cfg["model"], cfg["vocab"], cfg["train"]  # noqa: B018 - presence check
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise GatelensError(f"{path}: not a gatelens config ({e})") from None
+        cfg = json.loads(read_utf8(path, "a gatelens config", SMALL_CAP))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise GatelensError(f"{path}: not a gatelens config ({type(e).__name__})") from None
+    _check_config(cfg, path)
+    _best_from_weights(Path(run), cfg)
     return cfg
+
+
+def _check_config(cfg: object, path: Path) -> None:
+    """What loading a run relies on: GatelensError naming the first thing amiss."""
+    def bad(what: str) -> GatelensError:
+        return GatelensError(f"{path}: not a gatelens config ({what})")
+
+    if not isinstance(cfg, dict):
+        raise bad("not a JSON object")
+    for key, kind in (("model", dict), ("vocab", list), ("train", dict)):
+        if not isinstance(cfg.get(key), kind):
+            raise bad(f'"{key}" missing or not a {kind.__name__}')
+    m, vocab = cfg["model"], cfg["vocab"]
+    if not vocab or not all(isinstance(c, str) and len(c) == 1 for c in vocab):
+        raise bad('"vocab" must be a non-empty list of single characters')
+    if len(set(vocab)) != len(vocab):
+        raise bad('"vocab" lists a character twice')
+    if "vocab_size" in m and m["vocab_size"] != len(vocab):
+        raise bad(f'"model" vocab_size {m["vocab_size"]!r} is not the {len(vocab)} characters '
+                  'of "vocab"')
+    fields = {"cell": m.get("cell"), "hidden": m.get("hidden"), "layers": m.get("layers"),
+              "embed": m.get("embed"), "nonlinearity": m.get("nonlinearity", "tanh"),
+              "heads": m.get("heads", 1)}
+    try:
+        TrainConfig(**fields).validate()
+    except (GatelensError, TypeError) as e:
+        raise bad(f'"model": {e}') from None
+    best = cfg.get("best", {"step": None})
+    if not isinstance(best, dict) or not isinstance(best.get("step"), int | None):
+        raise bad('"best" must be {"step", "val_loss"}')
+
+
+def _best_from_weights(run: Path, cfg: dict) -> None:
+    """Set cfg["best"] from model.safetensors's metadata where the two disagree."""
+    path = run / WEIGHTS
+    if not path.is_file():
+        return
+    try:
+        meta = read_metadata(path)
+        step = int(meta["step"])
+    except (GatelensError, KeyError, ValueError):
+        return  # loading it will say what is wrong
+    best = cfg.get("best") or {}
+    if best.get("step") == step:
+        return
+    try:  # train writes history.csv before the weights of a step
+        val = next((round(float(r["val_loss"]), 6) for r in history_rows(run)
+                    if r.get("step") == str(step) and r.get("val_loss")), None)
+    except (ValueError, TypeError, OSError, UnicodeDecodeError, csv.Error):
+        val = None
+    cfg["best"] = {"step": step, "val_loss": val}
 
 
 @dataclass
@@ -102,11 +219,12 @@ class LoadedRun:
 def resolve_checkpoint(run: Path, checkpoint: str | int, cfg: dict) -> tuple[Path, int]:
     """``best`` (model.safetensors), ``final`` (the last checkpoint) or a step number."""
     steps = checkpoint_steps(run)
-    if checkpoint == "best":
+    if checkpoint == "best":  # the step model.safetensors says of itself (read_config)
         path = run / WEIGHTS
         if not path.exists():
             raise GatelensError(f"{run}: missing {WEIGHTS}")
-        return path, int(cfg.get("best", {}).get("step", -1))
+        step = (cfg.get("best") or {}).get("step")
+        return path, -1 if step is None else int(step)
     if checkpoint == "final":
         if not steps:
             raise GatelensError(f"{run}: no checkpoints in {run / CKPT_DIR}")
@@ -122,50 +240,59 @@ def resolve_checkpoint(run: Path, checkpoint: str | int, cfg: dict) -> tuple[Pat
     return checkpoint_path(run, step), step
 
 
-def load_run(run: str | Path, checkpoint: str | int = "best") -> LoadedRun:
-    """Load a run's model from safetensors (never pickle), checked against its config."""
+def load_run(run: str | Path, checkpoint: str | int = "best", *,
+             check_finite: bool = True) -> LoadedRun:
+    """Load a run's model from safetensors (never pickle), checked against its config.
+
+    The tensor names and shapes are checked against config.json from the file's header
+    before any weight is read. Weights holding NaN or Inf are a GatelensError naming the
+    tensor unless ``check_finite=False`` (to inspect a run that went wrong).
+    """
     run = Path(run)
     cfg = read_config(run)
     path, step = resolve_checkpoint(run, checkpoint, cfg)
-    model = CharLM.from_config(cfg["model"], len(cfg["vocab"]))
-    tensors = read_weights(path)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
+    try:
+        with torch.device("meta"):  # the shapes config.json implies, without memory
+            expected = {k: tuple(v.shape) for k, v in
+                        CharLM.from_config(cfg["model"], len(cfg["vocab"])).state_dict().items()}
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise GatelensError(f"{run / CONFIG}: not a model gatelens can build ({e})") from None
+    shapes = read_shapes(path)
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected))
     if missing or extra:
         raise GatelensError(f"{path}: weights do not match {CONFIG} (missing {missing or 'none'},"
                             f" unexpected {extra or 'none'})")
-    for name, t in expected.items():
-        if tuple(tensors[name].shape) != tuple(t.shape):
-            raise GatelensError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, "
-                                f"{CONFIG} implies {tuple(t.shape)}")
-    model.load_state_dict(tensors)
+    for name, shape in expected.items():
+        if shapes[name] != shape:
+            raise GatelensError(f"{path}: {name} has shape {shapes[name]}, "
+                                f"{CONFIG} implies {shape}")
+    tensors = read_weights(path, check_finite=check_finite)
+    model = CharLM.from_config(cfg["model"], len(cfg["vocab"]))
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as e:  # e.g. a dtype PyTorch cannot copy from
+        raise GatelensError(f"{path}: weights do not load into the model "
+                            f"({' '.join(str(e).split())[:160]})") from None
     model.eval()
     return LoadedRun(run, model, cfg, Vocab(list(cfg["vocab"])), step, path)
 
 
-def run_windows(loaded: LoadedRun, text: str | Path | None = None, windows: int = 32,
-                length: int = 128) -> tuple[torch.Tensor, str]:
-    """The analysis windows of docs/methods.md for a run, (B, T) int64, and their source.
+def read_history(run: Path) -> dict | None:
+    """Validation loss over training from RUN/history.csv (rows with a val_loss), or None.
 
-    With ``text`` (a file path): its first B consecutive T-character slices. Otherwise B
-    windows evenly spaced over the validation split of the run's own corpus.
+    Returns {"step": [...], "val_loss": [...], "train_step": [...], "train_loss": [...]}.
     """
-    from gatelens.training.corpus import analysis_windows, load_corpus, read_text_file, split
-
-    if text is not None:
-        ids = analysis_windows(loaded.vocab, windows, length, text=read_text_file(text),
-                               where=str(text))
-        return ids, str(text)
-    info = loaded.config.get("corpus", {})
-    name = info.get("name") or loaded.config["train"]["corpus"]
-    if not Path(name).exists() and info.get("source") and Path(info["source"]).exists():
-        name = info["source"]  # a relative corpus path, seen from another directory
-    corpus = load_corpus(name)
-    sha = loaded.config.get("corpus", {}).get("sha256")
-    if sha and hashlib.sha256(corpus.text.encode("utf-8")).hexdigest() != sha:
-        raise GatelensError(f"{name}: this corpus has changed since the run was trained "
-                            "(sha256 differs); pass --text FILE")
-    _, val_text = split(corpus.text)
-    ids = analysis_windows(loaded.vocab, windows, length, val_text=val_text)
-    return ids, f"{name} validation split"
+    out: dict[str, list] = {"step": [], "val_loss": [], "train_step": [], "train_loss": []}
+    for row in history_rows(run):
+        try:
+            step = int(row["step"])
+            if row.get("val_loss"):
+                out["step"].append(step)
+                out["val_loss"].append(float(row["val_loss"]))
+            if row.get("train_loss"):
+                out["train_step"].append(step)
+                out["train_loss"].append(float(row["train_loss"]))
+        except (KeyError, ValueError):
+            continue  # a malformed row is left out of the plot, not fatal
+    return out if out["step"] or out["train_step"] else None

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from gatelens.errors import GatelensError
 from gatelens.training.runs import LoadedRun
 
 
+def default_prime(chars: list[str]) -> str:
+    """A newline, or the vocabulary's first character when it has none.
+
+    >>> default_prime(["\\n", "a"]), default_prime(["a", "b"])
+    ('\\n', 'a')
+    """
+    return "\n" if "\n" in chars else chars[0]
+
+
 @torch.no_grad()
-def sample(run: LoadedRun, length: int = 500, temperature: float = 1.0, prime: str = "\n",
-           seed: int = 0) -> str:
-    """``prime`` followed by ``length`` sampled characters.
+def sample(run: LoadedRun, length: int = 500, temperature: float = 1.0,
+           prime: str | None = None, seed: int = 0) -> str:
+    """``prime`` (default ``default_prime``) followed by ``length`` sampled characters.
 
     The model reads the prime, then draws each next character from
-    softmax(logits / temperature) with a generator seeded by ``seed``.
+    softmax(logits / temperature) with a generator seeded by ``seed``. Probabilities that
+    are not finite (a model whose logits overflow) are a GatelensError, not a traceback.
     """
     if length < 0:
         raise GatelensError(f"--length must be zero or positive, got {length}")
-    if not temperature > 0:
-        raise GatelensError(f"--temperature must be positive, got {temperature}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise GatelensError(f"--temperature must be a positive finite number, got {temperature}")
+    if prime is None:
+        prime = default_prime(run.vocab.chars)
     if not prime:
         raise GatelensError("--prime must hold at least one character")
     ids = run.vocab.encode(prime, where="--prime")
@@ -29,6 +43,10 @@ def sample(run: LoadedRun, length: int = 500, temperature: float = 1.0, prime: s
     out = []
     for _ in range(length):
         probs = torch.softmax(logits[0, -1].double() / temperature, dim=-1)  # (V,)
+        if not bool(torch.isfinite(probs).all()):
+            raise GatelensError(f"{run.weights}: the model's next-character probabilities are "
+                                f"not finite after {len(out)} sampled characters (its logits "
+                                "overflow); these weights cannot be sampled")
         nxt = int(torch.multinomial(probs, 1, generator=gen))
         out.append(nxt)
         logits, state = model(torch.tensor([[nxt]]), state)

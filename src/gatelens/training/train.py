@@ -1,8 +1,8 @@
-"""The training loop: batches, Adam, clipping, evaluation, checkpoints and resume.
+"""The training loop: batches, the optimiser, clipping, evaluation, checkpoints and resume.
 
 A run directory is always valid: every file is written atomically, and at each
-evaluation (and on Ctrl-C) the loop saves what an exact resume needs: weights, Adam's
-state, the RNG states and the step. ``train(..., resume=True)`` continues such a run and
+evaluation (and on Ctrl-C) the loop saves what an exact resume needs: weights, the
+optimiser's state, the RNG states and the step. ``train(..., resume=True)`` continues such a run and
 ends with exactly the weights an uninterrupted run would have.
 """
 
@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import platform
 import signal
 import sys
@@ -26,12 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from gatelens._version import version as gatelens_version
-from gatelens.errors import GatelensError
-from gatelens.io import atomic_write_json, atomic_write_text
+from gatelens.errors import CheckFailed, GatelensError
+from gatelens.io import atomic_write_json, atomic_write_text, remove_leftovers
+from gatelens.lock import clear_held, is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
-from gatelens.training.model import CharLM, set_chrono, set_forget_bias
+from gatelens.training.model import CharLM, set_chrono, set_forget_bias, zero_biases
+from gatelens.training.optim import load_state, make_optimizer, optimizer_record, state_tensors
 from gatelens.training.runs import (
     CKPT_DIR,
     CONFIG,
@@ -40,12 +43,13 @@ from gatelens.training.runs import (
     checkpoint_path,
     history_rows,
     read_config,
+    read_metadata,
     read_weights,
     save_weights,
 )
 from gatelens.training.seed import set_seed
 
-RESUME = "resume.safetensors"  # weights + Adam state + RNG states of the last saved step
+RESUME = "resume.safetensors"  # weights + optimiser state + RNG states of the last saved step
 HISTORY_FIELDS = ("step", "train_loss", "val_loss", "seconds")
 
 
@@ -82,6 +86,9 @@ class Data:
                                 f"last 10 % is {len(val_text)} characters, one window needs "
                                 f"{need} (--seq {cfg.seq} + 1)")
         vocab = vocab or Vocab.from_text(corpus.text)
+        if vocab.size < 2:
+            raise GatelensError(f"{cfg.corpus}: the corpus has one distinct character "
+                                f"({vocab.chars[0]!r}); a language model needs at least two")
         val_ids = vocab.encode(val_text, where=cfg.corpus)
         starts = default_window_starts(len(val_text), cfg.val_windows, need)
         val = torch.stack([val_ids[s:s + need] for s in starts])  # (n_val, seq + 1)
@@ -111,9 +118,12 @@ def model_config(cfg: TrainConfig) -> dict:
 
 
 def build(cfg: TrainConfig, vocab_size: int) -> CharLM:
-    """The untrained model for ``cfg``: PyTorch's init from the seed, then any bias init."""
+    """The untrained model for ``cfg``: PyTorch's init from the seed, then ``--bias-init
+    zero``, then a forget bias or chrono."""
     set_seed(cfg.seed)
     model = CharLM.from_config(model_config(cfg), vocab_size)
+    if cfg.bias_init == "zero":
+        zero_biases(model)
     if cfg.forget_bias is not None:
         set_forget_bias(model, cfg.forget_bias)
     if cfg.chrono is not None:
@@ -187,7 +197,13 @@ def _write_history(run: Path, rows: list[dict]) -> None:
     atomic_write_text(run / HISTORY, buf.getvalue())
 
 
+class TrainingDiverged(CheckFailed):
+    """The loss, a gradient or the weights stopped being finite: training stops (exit 1),
+    keeping the run's last finite checkpoint (config.json's status "diverged")."""
+
+
 def _prepare_out(out: Path, resume: bool) -> None:
+    """Checks made while holding OUT's lock, before anything is written."""
     if resume:
         if not (out / CONFIG).exists():
             raise GatelensError(f"{out}: --resume needs an existing run directory (no {CONFIG})")
@@ -195,10 +211,10 @@ def _prepare_out(out: Path, resume: bool) -> None:
     if (out / CONFIG).exists():
         raise GatelensError(f"{out}: holds another run; use --resume to continue it or choose "
                             "another --out")
-    if out.exists() and not out.is_dir():
-        raise GatelensError(f"{out}: exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
+    # only a lock, or a killed writer's temporary files: an empty directory
+    if any(not is_lock_or_leftover(p.name) for p in out.iterdir()):
         raise GatelensError(f"{out}: directory is not empty; choose a new --out")
+    remove_leftovers(out)
 
 
 def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
@@ -209,18 +225,47 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
 
     With ``resume=True`` the run's saved settings are used (``cfg`` may be None);
     ``overrides`` are settings given again on resume: they must agree with the run's,
-    except ``steps`` (to extend a run) and ``device``. ``on_step(step)`` is called after
-    each optimiser step (an exception there is a crash); ``stop_at`` stops as Ctrl-C
-    would, after that step. Both are for testing.
+    except ``steps`` (to extend a run, never to shorten it) and ``device``. ``on_step(step)``
+    is called after each optimiser step (an exception there is a crash); ``stop_at`` stops
+    as Ctrl-C would, after that step. Both are for testing.
+
+    Every setting is checked before anything is written; ``out`` is held with
+    ``gatelens.lock`` while training (a second writer is refused). A loss, gradient or
+    weight that is not finite stops training with ``TrainingDiverged`` (exit 1): nothing
+    is written after the last finite checkpoint.
     """
-    out = Path(out)
+    if not resume:
+        if cfg is None:
+            raise ValueError("train() needs a TrainConfig unless resume=True")
+        cfg.validate()
+    with writing_dir(out) as out:
+        return _train(cfg, out, resume, progress, overrides or {}, on_step, stop_at)
+
+
+def _finite(model: CharLM) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _train(cfg: TrainConfig | None, out: Path, resume: bool, progress: bool,
+           overrides: dict, on_step: Callable[[int], None] | None,
+           stop_at: int | None) -> TrainResult:
     _prepare_out(out, resume)
+    if resume and not (out / RESUME).exists():  # it died before its first checkpoint
+        cfg = _resume_config(read_config(out), overrides, out).validate()
+        print(f"gatelens: note: {out}: the run never saved its first state; starting it "
+              "over with its settings", file=sys.stderr)
+        clear_held(out)
+        resume = False
     if resume:
         saved = read_config(out)
-        cfg = _resume_config(saved, overrides or {}, out)
-    if cfg is None:
-        raise ValueError("train() needs a TrainConfig unless resume=True")
-    cfg.validate()
+        cfg = _resume_config(saved, overrides, out)
+        cfg.validate()
+        done = _saved_step(out)
+        if cfg.steps < done:
+            raise GatelensError(f"{out}: --steps {cfg.steps} is below the {done} steps this "
+                                "run has done; a run can be extended, not shortened (analyse "
+                                "an earlier step with --checkpoint STEP)")
+    assert cfg is not None
     device = resolve_device(cfg.device)
     vocab = Vocab(list(saved["vocab"])) if resume else None
     data = Data.load(cfg, vocab)
@@ -228,15 +273,14 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
         raise GatelensError(f"{out}: the corpus {cfg.corpus} is not the text this run was "
                             "trained on (sha256 differs)")
     model = build(cfg, data.vocab.size).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)  # batches: saved and restored on resume
     config = {
         "format": "gatelens-run/1",
         "model": {**model_config(cfg), "vocab_size": data.vocab.size},
         "vocab": data.vocab.chars,
         "train": cfg.to_dict(),
-        "optimizer": {"name": "Adam", "lr": cfg.lr, "betas": [0.9, 0.999],
-                      "clip_grad_norm": cfg.clip},
+        "optimizer": optimizer_record(opt, cfg.clip),
         "corpus": {"name": data.name, "source": data.source, "sha256": data.sha256,
                    "train_chars": len(data.train), "val_windows": len(data.val),
                    "val_fraction": 0.1, **_synthetic(data.name)},
@@ -247,53 +291,80 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
     }
     step, rows, elapsed = 0, [], 0.0
     if resume:
+        remove_leftovers(out)
+        remove_leftovers(out / CKPT_DIR)
         step, elapsed = _restore(out, model, opt, gen, saved)
+        _reconcile_best(out, saved["best"])
         rows = [r for r in history_rows(out) if int(r["step"]) <= step]
         config["best"], config["status"] = saved["best"], "running"
+        config["steps_done"] = step
         config["versions"] = saved.get("versions", config["versions"])
     else:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / CKPT_DIR).mkdir(exist_ok=True)
-        atomic_write_json(out / CONFIG, config)
         val_loss = evaluate(model, data.val, cfg.batch, device)
+        if not math.isfinite(val_loss) or not _finite(model):
+            raise GatelensError(f"{out}: the untrained model's validation loss is {val_loss}; "
+                                "check --forget-bias/--chrono")
+        atomic_write_json(out / CONFIG, config)  # first: a directory without it is empty
+        (out / CKPT_DIR).mkdir(exist_ok=True)
         rows.append({"step": 0, "train_loss": "", "val_loss": f"{val_loss:.6f}",
                      "seconds": "0.000"})
         _checkpoint(out, model, opt, gen, 0, 0.0, rows, config, val_loss)
 
     model.train()
-    interrupted = False
+    interrupted, diverged = False, None
     bar = Progress(cfg.steps, f"train {cfg.cell} {cfg.hidden}", initial=step, enabled=progress)
-    with _StopFlag() as flag:
-        t0 = time.perf_counter() - elapsed
-        while step < cfg.steps:
-            ids = data.batch(cfg.batch, cfg.seq, gen).to(device)  # (B, seq + 1)
-            loss = loss_on(model, ids)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            opt.step()
-            step += 1
-            train_loss = float(loss.detach())
-            row = {"step": step, "train_loss": f"{train_loss:.6f}", "val_loss": "",
-                   "seconds": f"{time.perf_counter() - t0:.3f}"}
-            rows.append(row)
-            bar.update(1, loss=f"{train_loss:.3f}")
-            if on_step is not None:
-                on_step(step)
-            stopping = flag.stop or step == stop_at
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                val_loss = evaluate(model, data.val, cfg.batch, device)
-                row["val_loss"] = f"{val_loss:.6f}"
-                bar.milestone(f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")
-                _checkpoint(out, model, opt, gen, step, time.perf_counter() - t0, rows, config,
-                            val_loss)
-            elif stopping:  # between evaluations: save what an exact resume needs
-                _checkpoint(out, model, opt, gen, step, time.perf_counter() - t0, rows, config,
-                            None)
-            if stopping:
-                interrupted = True
-                break
-    bar.close()
+    try:
+        with _StopFlag() as flag:
+            t0 = time.perf_counter() - elapsed
+            while step < cfg.steps:
+                ids = data.batch(cfg.batch, cfg.seq, gen).to(device)  # (B, seq + 1)
+                loss = loss_on(model, ids)
+                train_loss = float(loss.detach())
+                if not math.isfinite(train_loss):
+                    diverged = f"the training loss is {train_loss} at step {step + 1}"
+                    break
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip))
+                if not math.isfinite(norm):
+                    diverged = f"the gradient norm is {norm} at step {step + 1}"
+                    break
+                opt.step()
+                step += 1
+                row = {"step": step, "train_loss": f"{train_loss:.6f}", "val_loss": "",
+                       "seconds": f"{time.perf_counter() - t0:.3f}"}
+                rows.append(row)
+                bar.update(1, loss=f"{train_loss:.3f}")
+                if on_step is not None:
+                    on_step(step)
+                stopping = flag.stop or step == stop_at
+                saving = step % cfg.eval_every == 0 or step == cfg.steps
+                if saving or stopping:
+                    val_loss = evaluate(model, data.val, cfg.batch, device) if saving else None
+                    if val_loss is not None and not math.isfinite(val_loss):
+                        diverged = f"the validation loss is {val_loss} at step {step}"
+                        break
+                    if not _finite(model):
+                        diverged = f"the weights hold NaN or Inf after step {step}"
+                        break
+                    if val_loss is not None:
+                        row["val_loss"] = f"{val_loss:.6f}"
+                        bar.milestone(f"train loss {train_loss:.3f}, val loss {val_loss:.3f}")
+                    # between evaluations (stopping): what an exact resume needs
+                    _checkpoint(out, model, opt, gen, step, time.perf_counter() - t0, rows,
+                                config, val_loss)
+                if stopping:
+                    interrupted = True
+                    break
+    finally:
+        bar.close()
+    if diverged is not None:
+        config["status"], config["diverged"] = "diverged", diverged
+        atomic_write_json(out / CONFIG, config)
+        raise TrainingDiverged(
+            f"{out}: training diverged: {diverged} (--lr {cfg.lr:g}, --optimizer "
+            f"{cfg.optimizer}); the run keeps its last finite checkpoint, step "
+            f"{config['steps_done']}, and its best step {config['best']['step']}")
     config["status"] = "interrupted" if interrupted and step < cfg.steps else "done"
     atomic_write_json(out / CONFIG, config)
     if interrupted and step < cfg.steps:
@@ -306,49 +377,72 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
 def _checkpoint(out: Path, model: CharLM, opt: torch.optim.Optimizer, gen: torch.Generator,
                 step: int, seconds: float, rows: list[dict], config: dict,
                 val_loss: float | None) -> None:
-    """Persist one step. Order matters for crash safety: a resume reads resume.safetensors
-    last, so everything it points at (history, checkpoints) is already on disk."""
+    """Persist one step. Order matters for crash safety: history.csv first, so the loss of
+    any step whose weights are on disk is in it; a resume reads resume.safetensors last,
+    so everything it points at is already on disk; and model.safetensors's metadata
+    carries its own step, which readers trust over config.json (``runs.read_config``).
+    (One metadata key: safetensors writes several in no fixed order, and a run's files
+    are bit-identical from run to run.)"""
     weights = model.state_dict()
+    _write_history(out, rows)
     if val_loss is not None:
         save_weights(checkpoint_path(out, step), weights, {"step": step})
         best = config["best"]["val_loss"]
         if best is None or val_loss < best:
             save_weights(out / WEIGHTS, weights, {"step": step})
             config["best"] = {"step": step, "val_loss": round(val_loss, 6)}
-    _write_history(out, rows)
     state = {f"model.{k}": v for k, v in weights.items()}
-    opt_state = opt.state_dict()
-    for pid, s in opt_state["state"].items():
-        for k, v in s.items():
-            state[f"adam.{pid}.{k}"] = torch.as_tensor(v)
+    opt_state, nones = state_tensors(opt)
+    state.update(opt_state)
     state["rng.torch"] = torch.get_rng_state()
     state["rng.batches"] = gen.get_state()
     save_weights(out / RESUME, state, {"step": step, "seconds": repr(seconds),
-                                       "best": json.dumps(config["best"])})
+                                       "best": json.dumps(config["best"]),
+                                       "optimizer": type(opt).__name__, "opt_none": nones})
     config["steps_done"] = step
     atomic_write_json(out / CONFIG, config)
+
+
+def _saved_step(out: Path) -> int:
+    """The step resume.safetensors holds (what a resume continues from)."""
+    path = out / RESUME
+    if not path.exists():
+        raise GatelensError(f"{out}: cannot resume, {RESUME} is missing")
+    try:
+        return int(read_metadata(path)["step"])
+    except (KeyError, ValueError):
+        raise GatelensError(f"{path}: no step in its metadata; not a gatelens resume "
+                            "file") from None
 
 
 def _restore(out: Path, model: CharLM, opt: torch.optim.Optimizer, gen: torch.Generator,
              saved: dict) -> tuple[int, float]:
     path = out / RESUME
-    if not path.exists():
-        raise GatelensError(f"{out}: cannot resume, {RESUME} is missing")
-    with safetensors.safe_open(str(path), "pt") as fh:
-        meta = fh.metadata() or {}
+    meta = read_metadata(path)
     state = read_weights(path)
     model.load_state_dict({k[len("model."):]: v for k, v in state.items()
                            if k.startswith("model.")})
-    opt_state = opt.state_dict()
-    for pid in range(len(list(model.parameters()))):
-        keys = [k for k in state if k.startswith(f"adam.{pid}.")]
-        if keys:
-            opt_state["state"][pid] = {k.split(".", 2)[2]: state[k] for k in keys}
-    opt.load_state_dict(opt_state)
+    load_state(opt, state, meta.get("opt_none"))
     torch.set_rng_state(state["rng.torch"])
     gen.set_state(state["rng.batches"])
     saved["best"] = json.loads(meta.get("best", json.dumps(saved["best"])))
     return int(meta["step"]), float(meta.get("seconds", "0"))
+
+
+def _reconcile_best(out: Path, best: dict) -> None:
+    """Make model.safetensors the weights of ``best`` (the resumed state's best step): a run
+    killed between writing a new best and its resume state left a best from a step the
+    resume will train again."""
+    step = best.get("step")
+    if step is None or not (out / WEIGHTS).exists():
+        return
+    try:
+        have = int(read_metadata(out / WEIGHTS).get("step", -1))
+    except (GatelensError, ValueError):
+        have = None
+    if have == step:
+        return
+    save_weights(out / WEIGHTS, read_weights(checkpoint_path(out, step)), {"step": step})
 
 
 def _resume_config(saved: dict, overrides: dict, out: Path) -> TrainConfig:

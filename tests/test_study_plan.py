@@ -1,0 +1,95 @@
+"""A study's plan before Ray: stable trial ids, settings of older trials still recognised,
+and the start-up estimate of time (training and analyses) and disk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from gatelens.errors import GatelensError
+from gatelens.studies.estimate import duration, estimate, measure_trial, size
+from gatelens.studies.spec import parse_spec
+from gatelens.studies.study import new_record, plan, run_trial
+
+TRAIN = {"hidden": 8, "steps": 4, "eval_every": 2, "batch": 4, "seq": 24, "val_windows": 4}
+ANALYSIS = {"windows": 2, "length": 24, "perturb_pos": 8}
+
+
+def test_a_negative_seed_is_named_apart_from_its_positive():
+    ids = [t.id for t in parse_spec({"grid": {"seed": [3, -3, 0]}}).trials]
+    assert ids == ["seed-3", "seed-m3", "seed-0"]
+
+
+def test_extending_a_grid_keeps_every_trial_id(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "t.txt").write_text("x"), (b / "t.txt").write_text("y")
+    small = {"grid": {"cell": ["lstm"], "init": ["none", "forget_bias:1"], "seed": [0, 1],
+                      "corpus": [str(a / "t.txt")],
+                      "model": [{"layers": 1}]}}
+    big = {"grid": {"cell": ["lstm", "gru"], "init": ["none", "forget_bias:1", "chrono:8"],
+                    "seed": [0, 1, -1, 7], "corpus": [str(a / "t.txt"), str(b / "t.txt")],
+                    "model": [{"layers": 1}, {"layers": 2}]}}
+    before = {t.id: t.settings() for t in parse_spec(small).trials}
+    after = {t.id: t.settings() for t in parse_spec(big).trials}
+    assert len(after) == 2 * 3 * 4 * 2 * 2
+    assert all(after.get(i) == s for i, s in before.items())  # same names, same settings
+    named = [i for i in after if "corpus-t.txt-" in i]  # the second t.txt: a digest of itself
+    assert len(named) == len(after) // 2
+
+
+def test_a_trial_run_before_new_settings_existed_is_still_reused(tiny_text, tmp_path):
+    spec = parse_spec({"grid": {"seed": [0]}, "train": {"corpus": str(tiny_text), **TRAIN},
+                       "analysis": ANALYSIS})
+    old = {**new_record(spec.trials[0]), "status": "done"}
+    for key in ("optimizer", "bias_init"):  # as trial.json was written before they existed
+        del old["spec"]["train"][key]
+    path = tmp_path / "trials" / old["id"] / "trial.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old))
+    reused, todo = plan(spec, tmp_path)
+    assert [r["id"] for r in reused] == [old["id"]] and todo == []
+    changed = parse_spec({"grid": {"seed": [0]}, "analysis": ANALYSIS,
+                          "train": {"corpus": str(tiny_text), **TRAIN, "optimizer": "sgd"}})
+    with pytest.raises(GatelensError, match="other settings"):
+        plan(changed, tmp_path)
+
+
+def test_the_estimate_counts_analyses_and_disk_and_matches_a_real_trial(tiny_text, tmp_path,
+                                                                        one_thread, monkeypatch):
+    spec = parse_spec({"grid": {"seed": list(range(10_000))}, "analysis": ANALYSIS,
+                       "train": {"corpus": str(tiny_text), **TRAIN}})
+    cost = measure_trial(spec.trials[0])
+    assert cost.analysis_s > 0 and cost.analysis_bytes > 0 and cost.checkpoint_bytes > 0
+    est = estimate(spec.trials, workers=2, cost=cost)
+    n = 3  # checkpoints a trial: steps 0, 2, 4
+    assert est.analysis_s == pytest.approx(10_000 * (n * cost.analysis_s + cost.plots_s))
+    assert est.seconds == pytest.approx((est.train_s + est.analysis_s) / 2, rel=1e-3)
+    line = est.line(workers=2, free=10**6)
+    assert "analyses" in line and "on disk" in line and "WARNING: only 1 MB free" in line
+    import gatelens.studies.study as study
+
+    monkeypatch.setattr(study, "measure_trial", lambda trial: cost)
+    start = study._estimate(spec.trials, 2, tmp_path)  # what the start-up line says
+    assert start.startswith(f"about {duration(est.seconds)} on 2 workers (training ")
+    assert f"{cost.analysis_s:.2f} s an analysis x 3 checkpoints" in start
+    assert f"and about {size(est.bytes)} on disk" in start
+    rec = run_trial(spec.trials[1], tmp_path)  # what one trial really takes on disk
+    real = sum(p.stat().st_size for p in (tmp_path / "trials" / rec["id"]).rglob("*")
+               if p.is_file())
+    assert 0.5 < est.per_trial_bytes / real < 2, (est.per_trial_bytes, real)
+    assert est.analysis_s / 10_000 > 0.3 * rec["timings"]["analyze"]
+    shutil.rmtree(tmp_path / "trials")
+
+
+def test_the_new_training_settings_are_study_keys():
+    spec = parse_spec({"grid": {"optimizer": ["adam", "rmsprop"], "bias_init": ["zero"]},
+                       "train": {"hidden": 8}})
+    assert [t.id for t in spec.trials] == ["optimizer-adam_bias_init-zero_seed-0",
+                                           "optimizer-rmsprop_bias_init-zero_seed-0"]
+    assert [(t.train["optimizer"], t.train["bias_init"]) for t in spec.trials] == [
+        ("adam", "zero"), ("rmsprop", "zero")]
+    with pytest.raises(GatelensError, match="--optimizer must be one of adam, sgd, rmsprop"):
+        parse_spec({"grid": {"optimizer": ["lbfgs"]}})
