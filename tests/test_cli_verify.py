@@ -9,6 +9,7 @@ import pytest
 
 import gatelens
 from gatelens.cli import main
+from gatelens.families.torch_rnn import max_diff
 from gatelens.training.config import TrainConfig
 from gatelens.training.train import train
 
@@ -67,9 +68,9 @@ def test_c_is_judged_relative_to_its_size():
     import torch
 
     big = torch.tensor([[20.0, 0.5]])
-    assert verify_mod._maxdiff(big + torch.tensor([[1.5e-5, 0.0]]), big) > 1e-5
-    assert verify_mod._maxdiff(big + torch.tensor([[1.5e-5, 0.0]]), big, scaled=True) < 1e-6
-    assert verify_mod._maxdiff(big + torch.tensor([[0.0, 2e-5]]), big, scaled=True) > 1e-5
+    assert max_diff(big + torch.tensor([[1.5e-5, 0.0]]), big) > 1e-5
+    assert max_diff(big + torch.tensor([[1.5e-5, 0.0]]), big, scaled=True) < 1e-6
+    assert max_diff(big + torch.tensor([[0.0, 2e-5]]), big, scaled=True) > 1e-5
     ok = verify_mod.VerifyResult("lstm", [], 1e-7, 1.4e-5, 7e-7, 1e-7)
     bad = verify_mod.VerifyResult("lstm", [], 1e-7, 2e-5, 2e-5, 1e-7)
     assert ok.passed and not bad.passed

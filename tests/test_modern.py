@@ -152,7 +152,7 @@ def test_forget_path_is_exact_in_one_layer_only(cell):
     ratios = {}
     for layers in (1, 2):
         m = _make(cell, layers=layers, dtype=torch.float64)
-        tr, tr2 = (m.trace(F.one_hot(i, 5).double()) for i in (ids, ids2))
+        tr, tr2 = (trace(m, F.one_hot(i, 5).double()) for i in (ids, ids2))
         d = perturbation_decay(tr, tr2, 8)
         r, a = d.curves["measured"][1:], d.curves["forget_path"][1:]
         ratios[layers] = float(max(abs(r / a - 1)))
@@ -163,7 +163,7 @@ def test_forget_path_is_exact_in_one_layer_only(cell):
 def test_slstm_kappa_identity():
     m = _make("slstm", dtype=torch.float64)
     x = torch.randn(3, 30, 5, dtype=torch.float64) * 3
-    tr = m.trace(x)
+    tr = trace(m, x)
     L0 = tr.layer(0)
     # raw recurrence: i = exp ĩ, f = σ(f̃), n' = f n + i (no stabiliser); κ = f n / n'
     log_i = torch.log(L0["i"]) + L0["m"]  # ĩ = ln i_stab + m'
@@ -233,7 +233,7 @@ def test_keep_bias_sets_the_keep_gate():
         set_forget_bias(model, 2.0)
         with torch.no_grad():
             model.rnn.proj[0].weight.zero_()
-        tr = model.rnn.trace(torch.zeros(1, 2, 4))
+        tr = trace(model.rnn, torch.zeros(1, 2, 4))
         assert torch.allclose(tr["layer0.keep"], torch.full((1, 2, 3), 1 / (1 + math.exp(-2))))
 
 
@@ -244,7 +244,7 @@ def test_minlstm_keep_gate_is_finite_where_f_and_i_underflow():
     with torch.no_grad():
         m.bias_of(0, "f").fill_(-200.0)
         m.bias_of(0, "i").fill_(-201.0)
-    tr = m.trace(torch.zeros(2, 5, 3))
+    tr = trace(m, torch.zeros(2, 5, 3))
     assert (tr["layer0.f"] == 0).all() and (tr["layer0.i"] == 0).all()
     expect = 1 / (1 + math.exp(-1.0))  # σ(f̃) / (σ(f̃) + σ(ĩ)) → e^f̃ / (e^f̃ + e^ĩ) = σ(1)
     assert torch.allclose(tr["layer0.keep"], torch.full_like(tr["layer0.keep"], expect))
@@ -260,7 +260,7 @@ def test_slstm_zero_state_is_finite_where_the_input_gate_underflows():
     with torch.no_grad():
         m.bias_of(0, "i").fill_(-200.0)
     x = torch.randn(3, 12, 5)
-    tr = m.trace(x)
+    tr = trace(m, x)
     ref = _reference(m.double(), x, m0=0.0)
     m.float()
     for name in ("h", "s", "kappa", "y"):
@@ -284,7 +284,7 @@ def test_slstm_weights_times_16_stay_finite():
     x = torch.randn(4, 40, 5)
     out, _ = m(x)
     assert torch.isfinite(out).all()
-    tr = m.trace(x)
+    tr = trace(m, x)
     assert all(torch.isfinite(v).all() for _, v in tr.items())
     res = verify(m, x, trace=tr)
     assert res.passed, res.explain()
@@ -302,13 +302,13 @@ def test_verify_judges_unbounded_h_by_its_scale(cell):
         for p in m.parameters():
             p.mul_(16)
     x = torch.randn(4, 64, 5)
-    res = verify(m, x, trace=m.trace(x))
-    assert float(m.trace(x)["layer1.y"].abs().max()) > 100
+    res = verify(m, x, trace=trace(m, x))
+    assert float(trace(m, x)["layer1.y"].abs().max()) > 100
     assert res.max_abs_diff_h > 1e-5  # absolute rounding at this scale
     assert res.one_step_max_scaled_diff_h < 1e-5 and res.passed, res.explain()
     assert "parallel form (passed)" in res.explain()
     assert res.to_report()["one_step_max_scaled_diff_h"] == res.one_step_max_scaled_diff_h
-    other = verify(m, x, trace=m.trace(x + 0.01))
+    other = verify(m, x, trace=trace(m, x + 0.01))
     assert not other.passed and other.trace_max_scaled_diff_h > 1e-3
     assert "not the module's trajectory (FAILED)" in other.explain()
 

@@ -31,12 +31,15 @@ from gatelens.analysis import (
     perturbation_decay,
     unit_timescales,
 )
-from gatelens.analysis.divergence import DivergenceRate, divergence_rate
+from gatelens.analysis.divergence import DivergenceRate, rate_of
 from gatelens.analysis.reach import OutputReach, output_reach
+from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
-from gatelens.readout.trace import State, trace
+from gatelens.families.base import Call, Family, Reference
+from gatelens.families.registry import open_family
+from gatelens.readout.trace import State, read, trace
 from gatelens.readout.trace_types import Trace
-from gatelens.readout.verify import VerifyResult, verify
+from gatelens.readout.verify import VerifyResult, verify_call
 
 BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 
@@ -157,25 +160,24 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     if len(chars) < 2:
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     perturbed = perturb_windows(ids, perturb_pos, len(chars), seed)  # (B, T)
+    fam = open_family(module, "measure()")
     t0 = time.perf_counter()
     cap, cap2 = runner(ids), runner(perturbed)
-    tr = trace(module, cap.inputs, cap.state)
-    tr2 = trace(module, cap2.inputs, cap2.state)
+    call, ref, tr = _read(fam, cap)
+    _, _, tr2 = _read(fam, cap2)
     base_tr = None
     if baseline is not None:
-        b = baseline[2](ids)
-        base_tr = trace(baseline[1], b.inputs, b.state)
+        _, _, base_tr = _read(open_family(baseline[1], "measure()"), baseline[2](ids))
     clock["trace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ver = verify(module, cap.inputs, cap.state, trace=tr)
+    ver = verify_call(fam, call, ref, trace=tr)
     clock["verification"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     div = None
-    if not isinstance(cap.inputs, PackedSequence):
-        x = cap.inputs if module.batch_first or cap.inputs.ndim == 2 else cap.inputs.transpose(0, 1)
+    if call.layout.get("packed") is None:
         # docs/methods.md's burn-in of 16 steps; half the window when windows are shorter
-        div = divergence_rate(module, x if x.ndim == 3 else x[None], seed=seed,
-                              burn_in=min(BURN_IN, ids.shape[1] // 2), state=cap.state)
+        div = rate_of(fam.dynamics(call, ref), seed=seed,
+                      burn_in=min(BURN_IN, ids.shape[1] // 2))
     clock["divergence"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     reach, note = _reach(cap.logits, cap2.logits, ids, perturb_pos, len(chars))
@@ -194,6 +196,15 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
         reach=reach, reach_note=note, baseline=base)
     clock["analyses"] = time.perf_counter() - t0
     return a
+
+
+def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:
+    """A captured call checked, its reference computed once, and its anchored trace."""
+    call = fam.check(cap.inputs, cap.state)
+    with torch.no_grad(), faithful_matmul(call.inputs.device):
+        ref = fam.reference(call)
+    return call, ref, read(fam, call, ref) if call.layout.get("packed") is None else \
+        trace(fam.module, cap.inputs, cap.state)
 
 
 def _reach(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor, position: int,

@@ -3,8 +3,8 @@
 Each module takes PyTorch's recurrent calling convention, batch first:
 ``forward(x (B, T, F), state=None) -> (out (B, T, H), state)``; ``state`` is h (L, B, H)
 for minGRU and minLSTM and the tuple (h, c, n, m) of (L, B, H) tensors for sLSTM (m the
-stabiliser). ``trace(x, state)`` returns a Trace (trace_types.py) computed by the
-sequential step, the reference; minGRU/minLSTM's forward takes the parallel scan
+stabiliser). ``run(x, state, signals=True)`` also returns every signal of every layer (what
+``gatelens.trace`` reads, families/modern.py); minGRU/minLSTM's forward takes the parallel scan
 (modern_scan.py) on CUDA and the sequential step on CPU, where one thread runs it 1.3–1.7×
 faster (``scan_mode``). docs/methods.md, "The cells", gives the equations.
 
@@ -24,7 +24,8 @@ enters with m = −∞, so its first step has m = ĩ, i = 1 and f = 0.
 >>> import torch
 >>> cell = MinGRU(3, 4, num_layers=2)
 >>> out, h = cell(torch.randn(2, 5, 3))
->>> tuple(out.shape), tuple(h.shape), list(cell.trace(torch.randn(2, 5, 3)))[:4]
+>>> _, _, sig = cell.run(torch.randn(2, 5, 3), signals=True)
+>>> tuple(out.shape), tuple(h.shape), list(sig)[:4]
 ((2, 5, 4), (2, 2, 4), ['layer0.z', 'layer0.cand', 'layer0.keep', 'layer0.h'])
 """
 
@@ -39,7 +40,6 @@ from torch import Tensor, nn
 
 from gatelens.cells.scan import scan, scan_sequential
 from gatelens.errors import GatelensError
-from gatelens.readout.trace_types import Trace, gate_names
 
 State = Tensor | tuple[Tensor, ...] | None
 
@@ -150,23 +150,9 @@ class ModernRNN(nn.Module, abc.ABC):
         sig, _ = self.layer(k, inp[:, None], tuple(parts), parallel=False)
         return [sig["h"][:, 0]]  # (B, H)
 
-    def free_states(self, trace: Trace) -> list[Tensor]:
-        """``stack_step``'s state along a trace, (B, T, H) per part, layer by layer."""
-        return [trace[f"layer{k}.h"] for k in range(self.num_layers)]
-
-    def trace_names(self) -> list[str]:
-        return gate_names(self.cell, self.num_layers)
-
-    def trace(self, x: Tensor, state: State = None) -> Trace:
-        """Every signal of every layer by the sequential step (the reference), no grad."""
-        with torch.no_grad():
-            _, final, sig = self.run(x, state, parallel=False, signals=True)
-        parts = (final,) if isinstance(final, Tensor) else final
-        tensors = {n: sig[n] for n in self.trace_names()}
-        return Trace(cell=self.cell, num_layers=self.num_layers, bidirectional=False,
-                     tensors=tensors, h_n=parts[0], c_n=parts[1] if len(parts) > 1 else None,
-                     meta={"method": "step", "dtype": str(x.dtype), "device": str(x.device),
-                           "batch_first": True, "unbatched": False})
+    def free_states(self, sig: dict[str, Tensor]) -> list[Tensor]:
+        """``stack_step``'s state along a run's signals, (B, T, H) per part, layer by layer."""
+        return [sig[f"layer{k}.h"] for k in range(self.num_layers)]
 
 
 class MinGRU(ModernRNN):
@@ -261,11 +247,11 @@ class SLSTM(ModernRNN):
         s_new = kappa * s + (1 - kappa) * torch.tanh(pz)
         return [torch.sigmoid(po) * s_new, s_new, ell_new]
 
-    def free_states(self, trace: Trace) -> list[Tensor]:
+    def free_states(self, sig: dict[str, Tensor]) -> list[Tensor]:
         out = []
         for k in range(self.num_layers):
-            layer = trace.layer(k)
-            out += [layer["h"], layer["s"], layer["m"] + torch.log(layer["n"])]  # (B, T, H)
+            h, s, m, n = (sig[f"layer{k}.{x}"] for x in ("h", "s", "m", "n"))
+            out += [h, s, m + torch.log(n)]  # (B, T, H)
         return out
 
 

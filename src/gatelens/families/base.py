@@ -229,6 +229,15 @@ class Family(abc.ABC):
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
         """A read-out against the trajectory, per layer and direction."""
 
+    def free_running(self, call: Call, ref: Reference) -> list[LayerDiff]:
+        """The free-running divergence: the re-run judged against the trajectory."""
+        return self.judge(self.rerun(call), ref)
+
+    def output_diff(self, readout: Readout, output: Any) -> float | None:
+        """max |read-out − what the module returned| (its output and final state), when the
+        family can tell; ``open_cells`` reports it for free."""
+        return None
+
     @abc.abstractmethod
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         """The recurrence of each causal direction along the trajectory (float64)."""

@@ -39,3 +39,23 @@ def family_of(module: object):
         if cls.opens(module):
             return cls(module)
     return None
+
+
+def open_family(module: object, what: str = "trace()"):
+    """The family of ``module``; TypeError naming what is supported otherwise.
+
+    >>> open_family(object())
+    Traceback (most recent call last):
+    ...
+    TypeError: trace() takes nn.LSTM, nn.GRU, nn.RNN (tanh or relu), gatelens's MinGRU, \
+gatelens's MinLSTM, gatelens's SLSTM; got object
+    """
+    fam = family_of(module)
+    if fam is None:
+        raise TypeError(f"{what} takes {supported()}; got {type(module).__name__}")
+    return fam
+
+
+def supported() -> str:
+    """What the registered families open, in words (the one list of supported classes)."""
+    return ", ".join(cls.opens_what for cls in family_classes())

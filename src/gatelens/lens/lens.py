@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from gatelens.errors import GatelensError
-from gatelens.readout.hooks import RECURRENT, _split_call
-from gatelens.readout.trace import check_module
+from gatelens.families.base import Family
+from gatelens.families.registry import family_of, supported
 from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
@@ -106,11 +106,16 @@ class Lens:
         self.model = model
         self.vocab = vocab
         self.encode = encode
-        self.modules: dict[str, nn.RNNBase] = {
-            path: m for path, m in model.named_modules() if isinstance(m, RECURRENT)}
-        if not self.modules:
-            raise GatelensError(f"{type(model).__name__} has no nn.LSTM, nn.GRU or nn.RNN "
-                                "module for gatelens to open")
+        self.families: dict[str, Family] = {}
+        for path, m in model.named_modules():
+            inside = any(path.startswith(p + ".") or p == "" for p in self.families)
+            fam = None if inside else family_of(m)
+            if fam is not None:
+                self.families[path] = fam
+        self.modules = {path: fam.module for path, fam in self.families.items()}
+        if not self.families:
+            raise GatelensError(f"{type(model).__name__} has no recurrent module for gatelens "
+                                f"to open (it opens {supported()})")
 
     def _chars(self, ids: Tensor) -> list[str]:
         if isinstance(self.vocab, int):
@@ -154,14 +159,15 @@ class Lens:
         """
         from gatelens.analysis.measure import Captured
 
-        module = self.modules[path]
+        fam = self.families[path]
+        module = fam.module
         name = path or type(self.model).__name__
 
         def run(ids: Tensor) -> Captured:
             calls: list[tuple[Any, Any]] = []
 
             def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-                calls.append(_split_call(args, kwargs))
+                calls.append(fam.split_call(args, kwargs))
 
             handle = module.register_forward_hook(hook, with_kwargs=True)
             flags = {m: m.training for m in self.model.modules()}
@@ -186,16 +192,8 @@ class Lens:
 
     def describe(self, path: str) -> dict:
         """report.json's "model" block for the module at ``path``."""
-        module = self.modules[path]
-        cell = check_module(module)
-        info = {"cell": "rnn" if cell.startswith("rnn") else cell,
-                "hidden": module.hidden_size, "layers": module.num_layers, "step": None,
-                "path": path, "class": type(self.model).__name__,
-                "nonlinearity": module.nonlinearity if cell.startswith("rnn") else None}
-        if module.bidirectional:
-            info["directions"] = ("forward direction measured; the reverse direction's gates "
-                                  "are in the trace")
-        return info
+        return {**self.families[path].describe(), "step": None, "path": path,
+                "class": type(self.model).__name__}
 
     def analyze(self, text_or_ids: str | os.PathLike | Tensor, *, windows: int = 32,
                 length: int = 128, perturb_pos: int = 32, out: str | os.PathLike | None = None,

@@ -1,4 +1,4 @@
-"""Open the cells of every nn.LSTM / nn.GRU / nn.RNN inside a user's own model.
+"""Open the cells of every recurrent module inside a user's own model (any family).
 
 >>> import torch
 >>> class Net(torch.nn.Module):
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gatelens.families.reference import output_batch_first
-from gatelens.readout.trace import trace
+from gatelens.cells.numerics import faithful_matmul
+from gatelens.families.base import Family
+from gatelens.families.registry import family_of
+from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
-
-RECURRENT = (nn.LSTM, nn.GRU, nn.RNN)
 
 
 class CellCache(Mapping[str, Tensor]):
@@ -71,52 +71,38 @@ class CellCache(Mapping[str, Tensor]):
         return sum(len(tr) for calls in self.traces.values() for tr in calls)
 
 
-def _split_call(args: tuple, kwargs: dict) -> tuple[Any, Any]:
-    """The (input, hx) a recurrent module's forward was called with."""
-    inputs = args[0] if args else kwargs.get("input")
-    hx = args[1] if len(args) > 1 else kwargs.get("hx")
-    return inputs, hx
-
-
-def _output_diff(module: nn.RNNBase, tr: Trace, output: Any) -> float:
-    """Max |trace − module| over the last layer's output and the final states."""
-    out, h_n, c_n = output_batch_first(module, output)
-    k = module.num_layers - 1
-    mine = [tr[f"layer{k}.h"]] + ([tr[f"layer{k}.reverse.h"]] if module.bidirectional else [])
-    diffs = [(torch.cat(mine, -1)[:, : out.shape[1]] - out).abs().max()]
-    diffs.append((tr.h_n - h_n).abs().max())
-    if c_n is not None:
-        diffs.append((tr.c_n - c_n).abs().max())
-    return float(max(diffs).detach())
-
-
 @contextlib.contextmanager
 def open_cells(model: nn.Module) -> Iterator[CellCache]:
     """Trace every recurrent module of ``model`` each time it runs inside the block.
 
     The model runs exactly as usual (its output is untouched); each recurrent module's
-    forward hook re-runs it with ``gatelens.trace`` on the same input and state. The hooks
+    forward hook reads it out through its family on the same input and state. The hooks
     are removed on exit, also when the block raises. Traces use inference semantics (no
     inter-layer dropout); ``max_abs_diff`` shows any mismatch with what actually ran.
     """
     cache = CellCache()
     handles = []
 
-    def make_hook(path: str):
-        def hook(module: nn.RNNBase, args: tuple, kwargs: dict, output: Any) -> None:
-            inputs, hx = _split_call(args, kwargs)
-            tr = trace(module, inputs, hx)
-            cache.traces.setdefault(path, []).append(tr)
-            with torch.no_grad():
-                diff = _output_diff(module, tr, output)
-            cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
+    def make_hook(path: str, fam: Family):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            inputs, state = fam.split_call(args, kwargs)
+            call = fam.check(inputs, state)
+            with torch.no_grad(), faithful_matmul(call.inputs.device):
+                packed = call.layout.get("packed") is not None
+                ro = fam.rerun(call) if packed else fam.read(call, fam.reference(call))
+                diff = fam.output_diff(ro, output)
+            cache.traces.setdefault(path, []).append(assemble(fam, call, ro))
+            if diff is not None:
+                cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
 
         return hook
 
     try:
         for path, module in model.named_modules():
-            if isinstance(module, RECURRENT):
-                handles.append(module.register_forward_hook(make_hook(path), with_kwargs=True))
+            fam = family_of(module)
+            if fam is not None:
+                handles.append(module.register_forward_hook(make_hook(path, fam),
+                                                            with_kwargs=True))
         yield cache
     finally:
         for h in handles:

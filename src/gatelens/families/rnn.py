@@ -1,0 +1,26 @@
+"""nn.RNN (tanh or relu) as a family: the pre-activation from the layer's input and
+PyTorch's own h_{t−1}; h itself is PyTorch's.
+
+>>> import torch
+>>> from gatelens.families.registry import family_of
+>>> fam = family_of(torch.nn.RNN(3, 4, nonlinearity="relu"))
+>>> fam.cell, fam.names()
+('rnn_relu', ['layer0.pre', 'layer0.h'])
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from gatelens.families.gru import TorchFamilyNoCell
+
+
+class RNNFamily(TorchFamilyNoCell):
+    """nn.RNN, tanh or relu, any layers, directions, bias."""
+
+    name = "rnn"
+    opens_what = "nn.RNN (tanh or relu)"
+    module_class = nn.RNN
+
+    def gates(self, xw: Tensor, hw: Tensor) -> dict[str, Tensor]:
+        return {"pre": xw + hw}

@@ -1,0 +1,399 @@
+"""What nn.LSTM, nn.GRU and nn.RNN share as families: their calls, PyTorch's own states,
+the step-by-step re-run, the checks and the dynamics. Each cell's own read-out and step are
+in lstm.py, gru.py and rnn.py.
+
+PyTorch returns only the top layer's sequence, so the state of a layer below the top is the
+output of a module holding PyTorch's own layers up to it; such copies are built on the meta
+device and given the module's own tensors (no weight is initialised, nothing is copied).
+Everything here only reads the user's module.
+
+>>> import torch
+>>> from gatelens.families.registry import family_of
+>>> fam = family_of(torch.nn.GRU(3, 4, num_layers=2))
+>>> call = fam.check(torch.randn(5, 2, 3))  # (T, B, F): the module is not batch_first
+>>> ref = fam.reference(call)
+>>> tuple(call.inputs.shape), sorted(ref.states), tuple(ref.inputs["layer1"].shape)
+((2, 5, 3), ['layer0.h', 'layer1.h'], (2, 5, 4))
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+
+from gatelens.cells import kernels
+from gatelens.cells.equations import cell_weights
+from gatelens.cells.numerics import quiet_onednn
+from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
+from gatelens.families.spec import CellSpec, cell_of_mode, cell_spec, layer_name
+
+
+def max_diff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
+    """max |a − b| in float64, or with ``scaled`` max |a − b| / max(1, |b|); 0 when empty.
+
+    >>> max_diff(torch.tensor([30.0]), torch.tensor([30.0003]), scaled=True) < 1e-5
+    True
+    """
+    if not a.numel():
+        return 0.0
+    diff = (a.double() - b.double()).abs()
+    if scaled:
+        diff = diff / b.double().abs().clamp(min=1.0)
+    return float(diff.max())
+
+
+def previous(seq: Tensor, init: Tensor, reverse: bool) -> Tensor:
+    """The state each step reads, (B, T, ·): init, then the step before in processing order."""
+    init = init.unsqueeze(1)  # (B, 1, ·)
+    if reverse:
+        return torch.cat([seq[:, 1:], init], dim=1)
+    return torch.cat([init, seq[:, :-1]], dim=1)
+
+
+def like(module: nn.RNNBase, num_layers: int, tensors: dict[str, Tensor], *,
+         bidirectional: bool, input_size: int) -> nn.RNNBase:
+    """A fresh eval module of ``module``'s class holding ``tensors`` (PyTorch's names),
+    built on the meta device so no weight is initialised, then given the tensors as they
+    are (shared, never copied)."""
+    kw: dict[str, Any] = dict(num_layers=num_layers, bias=module.bias, batch_first=True,
+                              bidirectional=bidirectional)
+    if isinstance(module, nn.LSTM):
+        kw["proj_size"] = module.proj_size
+    if isinstance(module, nn.RNN):
+        kw["nonlinearity"] = module.nonlinearity
+    with torch.device("meta"):
+        fresh = type(module)(input_size, module.hidden_size, **kw)
+    fresh.load_state_dict(tensors, assign=True)
+    return fresh.eval()
+
+
+class TorchRNNFamily(Family):
+    """nn.LSTM / nn.GRU / nn.RNN: what the three share."""
+
+    module_class: ClassVar[type] = nn.RNNBase
+
+    @classmethod
+    def opens(cls, module: nn.Module) -> bool:
+        return isinstance(module, cls.module_class) and cell_of_mode(
+            getattr(module, "mode", "")) is not None
+
+    # ---- facts -----------------------------------------------------------------------
+    @property
+    def spec(self) -> CellSpec:
+        return cell_spec(cell_of_mode(self.module.mode))
+
+    @property
+    def num_layers(self) -> int:
+        return self.module.num_layers
+
+    @property
+    def bidirectional(self) -> bool:
+        return bool(self.module.bidirectional)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.module.hidden_size
+
+    @property
+    def proj(self) -> bool:
+        return getattr(self.module, "proj_size", 0) > 0
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.module.bidirectional else 1
+
+    @property
+    def output_size(self) -> int:
+        """H_out: proj_size for a projected LSTM, else H."""
+        return getattr(self.module, "proj_size", 0) or self.module.hidden_size
+
+    @property
+    def two_states(self) -> bool:
+        """Whether the state is (h, c) (the LSTM)."""
+        return self.spec.name == "lstm"
+
+    def describe(self) -> dict:
+        info = {**super().describe(),
+                "nonlinearity": self.module.nonlinearity if self.spec.family == "rnn" else None}
+        if self.bidirectional:
+            info["directions"] = ("forward direction measured; the reverse direction's gates "
+                                  "are in the trace")
+        return info
+
+    def directions_of(self) -> list[tuple[int, bool, str, int]]:
+        """(layer, reverse, name, row of h0) of every layer and direction, in trace order."""
+        D = self.directions
+        return [(k, bool(d), layer_name(k, bool(d)), k * D + d)
+                for k in range(self.num_layers) for d in range(D)]
+
+    # ---- a call ----------------------------------------------------------------------
+    def check(self, inputs: Any, state: Any = None) -> Call:
+        """Validate everything before any work; errors say what was expected and what came."""
+        m, w = self.module, self.module.weight_ih_l0
+        layout: dict[str, Any] = {"batch_first": m.batch_first, "unbatched": False,
+                                  "packed": None, "lengths": None}
+        if isinstance(inputs, PackedSequence):
+            _check_tensor("inputs.data", inputs.data, w)
+            if inputs.data.ndim != 2 or inputs.data.shape[1] != m.input_size:
+                raise ValueError(f"packed inputs.data must be (N, {m.input_size}); "
+                                 f"got {tuple(inputs.data.shape)}")
+            x, lens = pad_packed_sequence(inputs, batch_first=True)  # (B, T, F), caller order
+            layout.update(packed=inputs, lengths=lens.to(x.device))
+        elif isinstance(inputs, Tensor):
+            _check_tensor("inputs", inputs, w)
+            if inputs.ndim not in (2, 3) or inputs.shape[-1] != m.input_size:
+                form = "(B, T, F)" if m.batch_first else "(T, B, F)"
+                raise ValueError(f"inputs must be {form} or unbatched (T, F) with F = "
+                                 f"{m.input_size}; got shape {tuple(inputs.shape)}")
+            layout["unbatched"] = inputs.ndim == 2
+            x = inputs.unsqueeze(0) if inputs.ndim == 2 else (
+                inputs if m.batch_first else inputs.transpose(0, 1))
+        else:
+            raise TypeError(f"inputs must be a Tensor or PackedSequence; got "
+                            f"{type(inputs).__name__}")
+        B, T = x.shape[0], x.shape[1]
+        if B == 0 or T == 0:
+            raise ValueError(f"inputs must hold at least one step of one sequence; got B={B}, "
+                             f"T={T}")
+        return Call(x, self._check_state(state, B, layout["unbatched"]), layout)
+
+    def _check_state(self, state: Any, B: int, unbatched: bool) -> tuple[Tensor, ...]:
+        """Initial states as (L·D, B, ·) tensors, zeros when ``state`` is None."""
+        w = self.module.weight_ih_l0
+        LD, H = self.num_layers * self.directions, self.hidden_size
+        if state is None:
+            h0 = w.new_zeros(LD, B, self.output_size)
+            return (h0, w.new_zeros(LD, B, H)) if self.two_states else (h0,)
+        if self.two_states:
+            if not (isinstance(state, tuple) and len(state) == 2):
+                raise TypeError(f"an LSTM's state is a tuple (h0, c0); got {type(state).__name__}")
+            pairs = [("h0", state[0], self.output_size), ("c0", state[1], H)]
+        else:
+            if not isinstance(state, Tensor):
+                raise TypeError(f"a {type(self.module).__name__}'s state is a Tensor h0; "
+                                f"got {type(state).__name__}")
+            pairs = [("h0", state, H)]
+        out = []
+        for name, t, size in pairs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a Tensor; got {type(t).__name__}")
+            _check_tensor(name, t, w)
+            want = (LD, size) if unbatched else (LD, B, size)
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {want} (layers*directions, "
+                                 f"{'' if unbatched else 'batch, '}units); got {tuple(t.shape)}")
+            out.append(t.unsqueeze(1) if unbatched else t)
+        return tuple(out)
+
+    def module_state(self, state: tuple[Tensor, ...], rows: int | None = None) -> Any:
+        """A Call's state as the module takes it (the first ``rows`` layers·directions)."""
+        parts = tuple(s[:rows] for s in state) if rows is not None else state
+        return parts if self.two_states else parts[0]
+
+    # ---- PyTorch's own trajectory ----------------------------------------------------
+    def layers_up_to(self, count: int) -> nn.RNNBase:
+        """A module of the first ``count`` layers (batch first), sharing the tensors."""
+        m = self.module
+        tensors = {n: p.detach() for n, p in m.named_parameters()
+                   if int(re.search(r"_l(\d+)", n).group(1)) < count}
+        return like(m, count, tensors, bidirectional=m.bidirectional, input_size=m.input_size)
+
+    def run(self, module: nn.RNNBase, call: Call, rows: int | None = None) -> tuple[Tensor, Any]:
+        """``module`` on the call (its packed form if packed): output (B, T', ·) batch
+        first, and its final state."""
+        inputs = call.layout["packed"]
+        if inputs is None:
+            inputs = call.inputs if module.batch_first else call.inputs.transpose(0, 1)
+        with torch.no_grad(), quiet_onednn():  # forward itself: no hook of the user's fires
+            out, final = module.forward(inputs, self.module_state(call.state, rows))
+        if isinstance(out, PackedSequence):
+            out, _ = pad_packed_sequence(out, batch_first=True)
+        elif not module.batch_first:
+            out = out.transpose(0, 1)
+        return out, final
+
+    def reference(self, call: Call) -> Reference:
+        """PyTorch's h of every layer and direction: the module itself for the top layer, a
+        module of its layers 0 … k below it; each layer's input; the initial states."""
+        D, L = self.directions, self.num_layers
+        states: dict[str, Tensor] = {}
+        output = final = None
+        for k in range(L):
+            mod = self.module if k == L - 1 else self.layers_up_to(k + 1)
+            out, fin = self.run(mod, call, (k + 1) * D)  # (B, T', D·H_out)
+            for d, part in enumerate(out.chunk(D, dim=-1)):
+                states[layer_name(k, bool(d)) + ".h"] = part
+            output, final = out, fin
+        inputs = {"layer0": call.inputs}
+        for k in range(1, L):
+            below = [states[layer_name(k - 1, bool(d)) + ".h"] for d in range(D)]
+            inputs[layer_name(k)] = torch.cat(below, dim=-1)  # (B, T, D·H_out)
+        initial = {name: tuple(s[j] for s in call.state)
+                   for _, _, name, j in self.directions_of()}
+        return Reference(states, inputs, initial, output, final)
+
+    def layer_input(self, ref: Reference, layer: int) -> Tensor:
+        return ref.inputs[layer_name(layer)]
+
+    # ---- the step-by-step re-run -----------------------------------------------------
+    def rerun(self, call: Call) -> Readout:
+        """Every layer and direction re-run on its own outputs (cells/kernels.py)."""
+        lengths, order = call.layout["lengths"], None
+        x, state = call.inputs, call.state
+        if lengths is not None:  # the kernels want columns sorted by decreasing length
+            order = torch.argsort(lengths, descending=True, stable=True)
+            x, lengths = x[order], lengths[order]
+            state = tuple(s[:, order] for s in state)
+        bufs, h_n, c_n = self.run_kernels(
+            x.permute(1, 2, 0).contiguous(),  # (T, F, B)
+            *(s.transpose(1, 2).contiguous() for s in state), lengths=lengths)
+        signals = {n: b.permute(2, 0, 1) for n, b in bufs.items()}  # (B, T, R)
+        h_n, c_n = h_n.transpose(1, 2), None if c_n is None else c_n.transpose(1, 2)
+        if order is not None:
+            back = torch.argsort(order)
+            signals = {n: t.index_select(0, back) for n, t in signals.items()}
+            h_n = h_n.index_select(1, back)
+            c_n = None if c_n is None else c_n.index_select(1, back)
+        return Readout(signals, h_n, c_n, {"method": "step"})
+
+    def run_kernels(self, x: Tensor, h0: Tensor, c0: Tensor | None = None,
+                    lengths: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor,
+                                                             Tensor | None]:
+        """Every layer and direction on ``x`` (T, F, B) from states (L·D, ·, B): the signal
+        buffers (T, R, B) by trace name, h_n (L·D, H_out, B) and c_n or None. Dropout between
+        layers is not applied (inference)."""
+        m, cell = self.module, self.spec.name
+        D, H_out = self.directions, self.output_size
+        T, _, B = x.shape
+        G = self.spec.n_chunks * m.hidden_size
+        bufs: dict[str, Tensor] = {}
+        h_n, c_n = [], []
+        for layer in range(m.num_layers):
+            h_cat = x.new_empty(T, D * H_out, B)  # both directions' h: the next layer's input
+            for d in range(D):
+                reverse, k = d == 1, layer * D + d
+                w = kernels.layer_weights(m, cell, layer, reverse)
+                s = kernels.Schedule(T, reverse, lengths)
+                xw = kernels.project(w, x, x.new_empty(T, G, B))  # (T, G, B)
+                h_buf = h_cat[:, d * H_out : (d + 1) * H_out]  # (T, H_out, B)
+                if cell == "lstm":
+                    sig = kernels.run_lstm(xw, w, h0[k], c0[k], s, h_buf)
+                    c_n.append(kernels.final_state(sig["c"], s))
+                elif cell == "gru":
+                    sig = kernels.run_gru(xw, w, h0[k], s, h_buf)
+                else:
+                    sig = kernels.run_rnn(xw, w, h0[k], s, h_buf, relu=cell == "rnn_relu")
+                h_n.append(kernels.final_state(h_buf, s))
+                prefix = layer_name(layer, reverse) + "."
+                bufs.update({prefix + name: t for name, t in sig.items()})
+            x = h_cat
+        return bufs, torch.stack(h_n), (torch.stack(c_n) if c_n else None)
+
+    # ---- checks ----------------------------------------------------------------------
+    def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
+        """max |read-out − PyTorch| of h at every step (and h_n, c_n) per layer and direction."""
+        h_n, c_n = (ref.final if isinstance(ref.final, tuple) else (ref.final, None))
+        rows = []
+        for k, reverse, name, j in self.directions_of():
+            ref_h = ref.states[name + ".h"]  # (B, T', H_out); T' < T when packed
+            diff = max(max_diff(readout.signals[name + ".h"][:, : ref_h.shape[1]], ref_h),
+                       max_diff(readout.h_n[j], h_n[j]))
+            dc = sc = None
+            if c_n is not None:
+                dc, sc = (max_diff(readout.c_n[j], c_n[j], s) for s in (False, True))
+            rows.append(LayerDiff(k, reverse, diff, dc, sc))
+        return rows
+
+    def output_diff(self, readout: Readout, output: Any) -> float:
+        """max |read-out − module| over the top layer's output and the final states."""
+        out, final = output
+        if isinstance(out, PackedSequence):
+            out, _ = pad_packed_sequence(out, batch_first=True)
+        elif out.ndim == 2:
+            out = out.unsqueeze(0)
+        elif not self.module.batch_first:
+            out = out.transpose(0, 1)
+        top = [layer_name(self.num_layers - 1, bool(d)) + ".h" for d in range(self.directions)]
+        mine = torch.cat([readout.signals[n] for n in top], dim=-1)[:, : out.shape[1]]
+        h_n, c_n = final if isinstance(final, tuple) else (final, None)
+        if h_n.ndim == 2:  # unbatched
+            h_n, c_n = h_n.unsqueeze(1), None if c_n is None else c_n.unsqueeze(1)
+        diffs = [max_diff(mine, out.detach()), max_diff(readout.h_n, h_n.detach())]
+        if c_n is not None:
+            diffs.append(max_diff(readout.c_n, c_n.detach()))
+        return max(diffs)
+
+    # ---- dynamics ----------------------------------------------------------------------
+    def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
+        """Per causal direction, the stack's step along PyTorch's own states in float64.
+
+        Unidirectional: one step s_{t−1} → s_t of the whole stack (layer k reads layer
+        k − 1's new h). Bidirectional: each direction on its own, in its own time order,
+        every layer's input fixed to the module's own lower-layer output (both directions).
+        """
+        L, D, T = self.num_layers, self.directions, call.length
+        states = self.trajectory_states(call, ref)
+        x = call.inputs.detach().double()  # (B, T, F)
+        out = []
+        for d in range(D):
+            rev = bool(d)
+            ws = [cell_weights(self.module, k, rev, dtype=torch.float64) for k in range(L)]
+            traj, init, units = [], [], []
+            for k in range(L):
+                name, j = layer_name(k, rev), k * D + d
+                for part, s0 in zip(self.state_parts, call.state, strict=False):
+                    traj.append(states[f"{name}.{part}"].double())  # (B, T, ·)
+                    init.append(s0[j].double())
+                    n = traj[-1].shape[-1]
+                    mapped = part != "h" or not self.proj
+                    units.append(torch.arange(n) + k * self.hidden_size if mapped
+                                 else torch.full((n,), -1))
+            if D == 1:
+                xs = [x]
+            else:
+                xs = [x] + [torch.cat([states[layer_name(k) + ".h"],
+                                       states[layer_name(k, True) + ".h"]], -1).double()
+                            for k in range(L - 1)]  # (B, T, 2·H_out)
+            sizes = [t.shape[-1] for t in xs]
+            step = self.stack_step(ws, sizes, fixed=D > 1)
+            order = list(range(T - 1, -1, -1)) if rev else list(range(T))
+            out.append(Dynamics(step, torch.cat(xs, dim=-1), traj, init, order,
+                                torch.cat(units), "reverse" if rev else "forward"))
+        return out
+
+    #: the parts of one layer's carried state, in order (the LSTM: h then c)
+    state_parts: ClassVar[tuple[str, ...]] = ("h",)
+
+    def trajectory_states(self, call: Call, ref: Reference) -> dict[str, Tensor]:
+        """PyTorch's own state parts at every step (the LSTM adds its stepped c)."""
+        return ref.states
+
+    def stack_step(self, ws: list, sizes: list[int], fixed: bool):
+        """F(x_t, parts) of the stack: layer k reads layer k − 1's new h (or, ``fixed``, its
+        own slice of x_t)."""
+        from gatelens.cells.equations import step
+
+        per = len(self.state_parts)
+
+        def stack(x_t: Tensor, parts: list[Tensor]) -> list[Tensor]:
+            inp = list(x_t.split(sizes, dim=-1))
+            out: list[Tensor] = []
+            below = inp[0]
+            for k, w in enumerate(ws):
+                sig = step(w, inp[k] if fixed else below, *parts[per * k : per * (k + 1)])
+                out += [sig[p] for p in self.state_parts]
+                below = sig["h"]
+            return out
+
+        return stack
+
+
+def _check_tensor(what: str, t: Tensor, w: Tensor) -> None:
+    if not t.is_floating_point() or t.dtype != w.dtype:
+        raise TypeError(f"{what} must have the module's dtype {w.dtype}; got {t.dtype}")
+    if t.device != w.device:
+        raise ValueError(f"{what} must be on the module's device {w.device}; got {t.device}")
