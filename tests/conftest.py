@@ -88,7 +88,7 @@ def _load_test_helper(name: str):
 
 
 @pytest.fixture(scope="session")
-def torch_dynamics():
-    """``torch_dynamics.py``: Dynamics of nn.LSTM/GRU/RNN and of gatelens's own cells, as the
-    divergence rate builds them (until the families provide ``dynamics``)."""
-    return _load_test_helper("torch_dynamics")
+def dynamics_of():
+    """``family_dynamics.dynamics_of``: a module's Dynamics through its family, as the
+    divergence rate builds them."""
+    return _load_test_helper("family_dynamics").dynamics_of

@@ -76,7 +76,7 @@ def flipflop(B: int, T: int, g: torch.Generator, p: float = 0.1):
     return pulse, out
 
 
-def test_trained_flip_flop_rnn_has_its_8_stable_points(torch_dynamics) -> None:
+def test_trained_flip_flop_rnn_has_its_8_stable_points(dynamics_of) -> None:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     rnn, head = nn.RNN(3, 32, batch_first=True), nn.Linear(32, 3)
@@ -95,7 +95,7 @@ def test_trained_flip_flop_rnn_has_its_8_stable_points(torch_dynamics) -> None:
     rnn, head = rnn.double().eval(), head.double().requires_grad_(False)
     with torch.no_grad():
         assert float(((head(rnn(x.double())[0]) - y) ** 2).mean()) < 0.01  # it learnt the task
-    d = torch_dynamics.torch_dynamics(rnn, x.double())[0]
+    d = dynamics_of(rnn, x.double())[0]
     fp = dynamics_fixed_points(d, {"zero": torch.zeros(3, dtype=F64)}, starts=256, seed=0)
     stable = [p for p in fp.inputs[0].points if p.stable]
     assert len(stable) == 8
@@ -119,7 +119,7 @@ def pytorch_cell(m: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
-def test_lstm_and_gru_points_are_pytorchs_own(cls, torch_dynamics) -> None:
+def test_lstm_and_gru_points_are_pytorchs_own(cls, dynamics_of) -> None:
     torch.manual_seed(2)
     m = cls(4, 6, batch_first=True).to(F64).eval()
     with torch.no_grad():
@@ -127,7 +127,7 @@ def test_lstm_and_gru_points_are_pytorchs_own(cls, torch_dynamics) -> None:
     ids = torch.randint(0, 4, (3, 30), generator=torch.Generator().manual_seed(1))
     ids[0, :10] = 2  # the most frequent character
     x = nn.functional.one_hot(ids, 4).to(F64)
-    d = torch_dynamics.torch_dynamics(m, x)[0]
+    d = dynamics_of(m, x)[0]
     held = held_inputs(d, ids, list("abcd"), n=2)
     assert list(held)[0] == "c" and list(held)[-1] == "zero" and len(held) == 3
     assert torch.equal(held["c"], nn.functional.one_hot(torch.tensor(2), 4).to(F64))

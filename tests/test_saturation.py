@@ -48,7 +48,7 @@ def test_every_cell_has_its_gates_and_chunks_add_up() -> None:
     cases = {nn.GRU(3, 5, batch_first=True): ["r", "z"], MinGRU(3, 5): ["z", "keep"],
              MinLSTM(3, 5): ["f", "i", "keep"], SLSTM(3, 5): ["i", "f", "o", "kappa"]}
     for m, gates in cases.items():
-        tr = m.trace(x) if hasattr(m, "gatelens_modern") else trace(m, x)
+        tr = trace(m, x)
         one = gate_saturation(tr)
         assert one.gates == gates
         acc = SaturationAccumulator()

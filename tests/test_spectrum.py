@@ -55,10 +55,10 @@ MODELS = {
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_lambda1_is_the_divergence_rate(name: str, torch_dynamics) -> None:
+def test_lambda1_is_the_divergence_rate(name: str, dynamics_of) -> None:
     m, x = MODELS[name](), onehot(3, 40, 5)
     ref = divergence_rate(m, x, seed=4, burn_in=8)
-    dyn = torch_dynamics.torch_dynamics(m, x)
+    dyn = dynamics_of(m, x)
     k1 = divergence_of(dyn, seed=4, burn_in=8)
     k64 = lyapunov_spectrum(dyn, seed=4, burn_in=8, hidden=m.hidden_size)
     assert np.abs(k1.per_window - ref.per_window).max() <= 1e-12
@@ -73,11 +73,11 @@ def test_lambda1_is_the_divergence_rate(name: str, torch_dynamics) -> None:
 
 
 @pytest.mark.parametrize("cls", [MinGRU, SLSTM])
-def test_lambda1_is_the_divergence_rate_of_gatelens_cells(cls, torch_dynamics) -> None:
+def test_lambda1_is_the_divergence_rate_of_gatelens_cells(cls, dynamics_of) -> None:
     torch.manual_seed(1)
     m, x = cls(5, 6, num_layers=2), onehot(2, 30, 5)
     ref = divergence_rate(m, x, seed=2, burn_in=6)
-    dyn = torch_dynamics.modern_dynamics(m, x)
+    dyn = dynamics_of(m, x)
     assert np.abs(divergence_of(dyn, 2, 6).per_window - ref.per_window).max() <= 1e-12
     sp = lyapunov_spectrum(dyn, k=10, seed=2, burn_in=6, hidden=6)
     assert np.abs(sp.per_window[:, 0] - ref.per_window).max() <= 1e-12
@@ -125,12 +125,12 @@ def pytorch_log_det(m: nn.Module, d: Dynamics, burn_in: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["lstm", "lstm 2 layers x6", "gru x4", "rnn x3"])
-def test_all_exponents_sum_to_mean_log_det_of_pytorchs_own_cells(name, torch_dynamics) -> None:
+def test_all_exponents_sum_to_mean_log_det_of_pytorchs_own_cells(name, dynamics_of) -> None:
     cls = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[name.split()[0]]
     m = scaled(cls, float(name.split("x")[-1]) if "x" in name else 1.0, H=5,
                num_layers=2 if "2 layers" in name else 1)
     x = onehot(2, 24, 5, seed=1)
-    dyn = torch_dynamics.torch_dynamics(m, x)
+    dyn = dynamics_of(m, x)
     sp = lyapunov_spectrum(dyn, k="all", seed=0, burn_in=4, hidden=5)
     ref = pytorch_log_det(m, dyn[0], burn_in=4)
     assert sp.k == dyn[0].size
@@ -153,9 +153,9 @@ def h_only_lstm(d: Dynamics, H: int) -> Dynamics:
                     initial=[d.initial[0]], order=d.order, units=torch.arange(H))
 
 
-def test_dropping_the_c_path_fails_the_log_det_identity(torch_dynamics) -> None:
+def test_dropping_the_c_path_fails_the_log_det_identity(dynamics_of) -> None:
     m, x = scaled(nn.LSTM, 2, H=5), onehot(2, 24, 5, seed=1)
-    d = torch_dynamics.torch_dynamics(m, x)[0]
+    d = dynamics_of(m, x)[0]
     ref = pytorch_log_det(m, d, burn_in=4)
     right = lyapunov_spectrum([d], k="all", burn_in=4, hidden=5)
     wrong = lyapunov_spectrum([h_only_lstm(d, 5)], k="all", burn_in=4, hidden=5)
@@ -179,7 +179,7 @@ def engelken_reference(J: np.ndarray, hs: np.ndarray, burn_in: int, Q0: np.ndarr
 
 
 @pytest.mark.parametrize("g", [0.5, 2.0])
-def test_random_tanh_network_matches_engelken_in_numpy(g: float, torch_dynamics) -> None:
+def test_random_tanh_network_matches_engelken_in_numpy(g: float, dynamics_of) -> None:
     N, T, burn = 80, 120, 20
     rng = np.random.default_rng(5)
     J = rng.normal(0, g / math.sqrt(N), (N, N))
@@ -188,7 +188,7 @@ def test_random_tanh_network_matches_engelken_in_numpy(g: float, torch_dynamics)
     with torch.no_grad():
         m.weight_hh_l0.copy_(torch.from_numpy(J))
         m.weight_ih_l0.zero_()
-    dyn = torch_dynamics.torch_dynamics(m, torch.zeros(1, T, 1, dtype=F64),
+    dyn = dynamics_of(m, torch.zeros(1, T, 1, dtype=F64),
                                         torch.from_numpy(h0)[None, None])
     sp = lyapunov_spectrum(dyn, k="all", seed=3, burn_in=burn, hidden=N)
     Q0 = StartFrames(3, 1, [N], N).take(0, 1)[0].numpy()
@@ -209,9 +209,9 @@ def windows(d: Dynamics, a: int, b: int) -> Dynamics:
                     initial=[p[a:b] for p in d.initial], order=d.order, units=d.units)
 
 
-def test_chunks_give_the_one_shot_figures(torch_dynamics) -> None:
+def test_chunks_give_the_one_shot_figures(dynamics_of) -> None:
     m, x = scaled(nn.GRU, 4), onehot(5, 30, 5, seed=2)
-    dyn = torch_dynamics.torch_dynamics(m, x)
+    dyn = dynamics_of(m, x)
     one = lyapunov_spectrum(dyn, k=6, seed=1, burn_in=5, hidden=8)
     acc = SpectrumAccumulator(k=6, seed=1, burn_in=5, hidden=8, windows=5)
     # chunks of the same trajectory (a float32 module's own run differs with the batch size)
@@ -268,8 +268,8 @@ def test_slow_modes_exponents_participation_and_units() -> None:
     assert math.log(0.5) / SLOW_EXPONENT == pytest.approx(10.0)
 
 
-def test_bad_arguments_are_refused(torch_dynamics) -> None:
-    dyn = torch_dynamics.torch_dynamics(nn.GRU(3, 4, batch_first=True), torch.randn(1, 10, 3))
+def test_bad_arguments_are_refused(dynamics_of) -> None:
+    dyn = dynamics_of(nn.GRU(3, 4, batch_first=True), torch.randn(1, 10, 3))
     with pytest.raises(GatelensError, match="burn_in 10 leaves no step"):
         lyapunov_spectrum(dyn, burn_in=10, hidden=4)
     with pytest.raises(GatelensError, match="positive int or 'all'"):
