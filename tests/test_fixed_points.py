@@ -31,7 +31,7 @@ def test_three_unit_rnn_has_27_points_and_8_stable_corners() -> None:
         for p in (m.weight_ih_l0, m.bias_ih_l0, m.bias_hh_l0):
             p.zero_()
     w = cell_weights(m, dtype=F64)
-    starts = torch.rand(256, 3, generator=torch.Generator().manual_seed(0), dtype=F64) * 2.4 - 1.2
+    starts = torch.rand(512, 3, generator=torch.Generator().manual_seed(0), dtype=F64) * 2.4 - 1.2
     fp = fixed_points(lambda x, s: [step(w, x, s[0])["h"]], starts,
                       {"zero": torch.zeros(1, dtype=F64)})
     pts = fp.inputs[0].points

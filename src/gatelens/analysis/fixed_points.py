@@ -2,9 +2,12 @@
 
 docs/methods.md, "Fixed points". For a constant input x* (each of the n most frequent
 characters of the analysis windows held, and the zero input, labelled "zero"), the states
-with F(s*, x*) = s*: q(s) = ½ ‖F(s, x*) − s‖² is minimised in float64 from starting states
-drawn from the analysis trajectory (L-BFGS, batched over the starts: one forward and one
-vector-Jacobian product a step); those with q < 1e-12 are kept, polished by Newton steps
+with F(s*, x*) = s*: from starting states drawn from the analysis trajectory, in float64,
+F(s) − s = 0 is solved by Anderson-accelerated iteration (a multisecant quasi-Newton
+method, one forward a step, batched over the starts; ``analysis.roots``), and q(s) =
+½ ‖F(s, x*) − s‖² is minimised by L-BFGS for the starts it leaves above 1e-12 (trained
+LSTMs' slow c directions make q too flat for L-BFGS alone: hundreds of steps where
+Anderson takes ~100). Those with q < 1e-12 are kept, polished by Newton steps
 s ← s − (J − I)⁻¹ (F(s) − s) until a step is below 1e-10, and merged when closer than
 1e-6. At each point the eigenvalues μ of J = ∂F/∂s: stable when max |μ| < 1, and its
 slowest half-life ln 0.5 / ln max |μ| (stable points; unstable ones report max |μ|).
@@ -33,11 +36,12 @@ import torch
 from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none
+from gatelens.analysis.roots import anderson, jacobians, lbfgs, merge, newton
 from gatelens.errors import GatelensError
 from gatelens.families.base import Dynamics
 
 Step = Callable[[Tensor, Sequence[Tensor]], list[Tensor]]
-Q_TOL, NEWTON_TOL, MERGE_TOL = 1e-12, 1e-10, 1e-6
+Q_TOL, MERGE_TOL = 1e-12, 1e-6
 STARTS = 256  # starting states per held input
 HELD = 5  # the most frequent characters held (besides the zero input)
 
@@ -124,112 +128,8 @@ def _flat(step: Step, x: Tensor, sizes: list[int]) -> Callable[[Tensor], Tensor]
     return F
 
 
-def _q_and_grad(F: Callable[[Tensor], Tensor], s: Tensor) -> tuple[Tensor, Tensor]:
-    """q (N,) and its gradient (J − I)ᵀ r (N, S), the starts independent of each other."""
-    with torch.enable_grad():
-        r, vjp = torch.func.vjp(lambda v: F(v) - v, s)
-        return 0.5 * (r * r).sum(-1).detach(), vjp(r.detach())[0].detach()
-
-
-def _direction(g: Tensor, hist: list[tuple[Tensor, Tensor, Tensor]]) -> Tensor:
-    """−H g by the two-loop recursion, each row its own history (ρ = 0: a skipped pair)."""
-    d, alphas = -g, []
-    for ds, dg, rho in reversed(hist):
-        a = rho * (ds * d).sum(-1)
-        d = d - a[:, None] * dg
-        alphas.append(a)
-    if hist:
-        ds, dg, rho = hist[-1]
-        gamma = torch.where(rho > 0, 1 / (rho * (dg * dg).sum(-1)).clamp(min=1e-300),
-                            torch.ones_like(rho))  # sᵀy / yᵀy
-        d = d * gamma[:, None]
-    for (ds, dg, rho), a in zip(hist, reversed(alphas), strict=True):
-        d = d + (a - rho * (dg * d).sum(-1))[:, None] * ds
-    return torch.where(((g * d).sum(-1) < 0)[:, None], d, -g)  # else steepest descent
-
-
-def _lbfgs(F: Callable[[Tensor], Tensor], s: Tensor, max_iter: int, memory: int = 10
-           ) -> tuple[Tensor, Tensor]:
-    """Batched L-BFGS on q from the starts s (N, S), each start its own history and
-    backtracking (Armijo) line search, computed on the starts still running only;
-    returns the final states and q (N,)."""
-    q, g = _q_and_grad(F, s)
-    hist: list[tuple[Tensor, Tensor, Tensor]] = []  # (Δs, Δg, ρ) of every start
-    done = q <= Q_TOL * 1e-6  # converged far below the threshold, or stuck
-    for _ in range(max_iter):
-        idx = (~done).nonzero()[:, 0]
-        if idx.numel() == 0:
-            break
-        si, qi, gi = s[idx], q[idx], g[idx]
-        d = _direction(gi, [(a[idx], b[idx], c[idx]) for a, b, c in hist])
-        slope = (gi * d).sum(-1)
-        alpha = torch.ones_like(qi)
-        todo = torch.ones_like(qi, dtype=torch.bool)
-        new = si.clone()
-        for _ in range(40):  # backtracking, per start
-            trial = si + alpha[:, None] * d
-            r = F(trial) - trial
-            ok = todo & (0.5 * (r * r).sum(-1) <= qi + 1e-4 * alpha * slope)
-            new[ok] = trial[ok]
-            todo &= ~ok
-            if not bool(todo.any()):
-                break
-            alpha = torch.where(todo, alpha * 0.5, alpha)
-        moved = ~todo
-        nq, ng = _q_and_grad(F, new)
-        ds, dg = new - si, ng - gi
-        sy = (ds * dg).sum(-1)
-        rho = torch.where(moved & (sy > 1e-300), 1 / sy.clamp(min=1e-300), torch.zeros_like(sy))
-        full = [torch.zeros_like(s), torch.zeros_like(s), torch.zeros_like(q)]
-        for t, v in zip(full, (ds, dg, rho), strict=True):
-            t[idx] = v
-        hist = (hist + [tuple(full)])[-memory:]
-        s[idx[moved]], q[idx[moved]], g[idx[moved]] = new[moved], nq[moved], ng[moved]
-        done[idx[~moved]] = True  # no decrease along a descent direction: as low as it goes
-        done |= q <= Q_TOL * 1e-6
-    return s, q
-
-
-def _jacobians(F: Callable[[Tensor], Tensor], s: Tensor) -> Tensor:
-    """∂F/∂s at each of the states s (P, S): (P, S, S), by S forward-mode JVPs."""
-    S = s.shape[1]
-    eye = torch.eye(S, dtype=s.dtype, device=s.device)
-    cols = torch.func.vmap(lambda v: torch.func.jvp(F, (s,), (v.expand_as(s),))[1],
-                           chunk_size=128)(eye)  # (S, P, S): column j of every J
-    return cols.permute(1, 2, 0)
-
-
-def _merge(states: Tensor, q: Tensor) -> list[int]:
-    """Indices of the points kept when those closer than MERGE_TOL are merged (lowest q)."""
-    kept: list[int] = []
-    for i in torch.argsort(q).tolist():
-        if all(float((states[i] - states[j]).norm()) >= MERGE_TOL for j in kept):
-            kept.append(i)
-    return kept
-
-
-def _newton(F: Callable[[Tensor], Tensor], s: Tensor, steps: int = 20) -> Tensor:
-    """Newton steps s ← s − (J − I)⁻¹ (F(s) − s) on each point (P, S) until a step's largest
-    coordinate is below NEWTON_TOL (or ``steps`` are taken, or J − I is singular)."""
-    eye = torch.eye(s.shape[1], dtype=s.dtype, device=s.device)
-    todo = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
-    for _ in range(steps):
-        if not bool(todo.any()):
-            break
-        idx = todo.nonzero()[:, 0]
-        sub = s[idx]
-        with torch.no_grad():
-            r = F(sub) - sub  # (P', S)
-        delta, info = torch.linalg.solve_ex(_jacobians(F, sub) - eye, -r)
-        good = (info == 0) & torch.isfinite(delta).all(-1)
-        s[idx[good]] = sub[good] + delta[good]
-        small = delta.abs().amax(-1) <= NEWTON_TOL
-        todo[idx[~good | small]] = False
-    return s
-
-
 def fixed_points(step: Step, states: Tensor, inputs: Mapping[str, Tensor],
-                 sizes: Sequence[int] | None = None, max_iter: int = 500) -> FixedPoints:
+                 sizes: Sequence[int] | None = None, max_iter: int = 300) -> FixedPoints:
     """The fixed points of ``step`` under each held input of ``inputs`` (label -> x (F,)),
     searched from the starting states ``states`` (N, S) (``sizes``: the state's parts,
     default one part)."""
@@ -246,18 +146,21 @@ def fixed_points(step: Step, states: Tensor, inputs: Mapping[str, Tensor],
                                 category=DeprecationWarning)
         for label, x in inputs.items():
             F = _flat(step, x.detach().to(s0), sizes)
-            s, q = _lbfgs(F, s0.clone(), max_iter)
+            s, q = anderson(F, s0.clone(), max_iter)
+            rest = (~(q < Q_TOL)).nonzero()[:, 0]
+            if rest.numel():
+                s[rest], q[rest] = lbfgs(F, s[rest].clone(), max_iter)
             keep = (q < Q_TOL).nonzero()[:, 0]
             s, q = s[keep], q[keep]
-            pre = _merge(s, q)
-            s = _newton(F, s[pre].clone())
+            pre = merge(s, q, MERGE_TOL)
+            s = newton(F, s[pre].clone())
             r = F(s) - s
             q = 0.5 * (r * r).sum(-1)
             ok = (q < Q_TOL) & torch.isfinite(q)
             s, q = s[ok], q[ok]
-            final = _merge(s, q)
+            final = merge(s, q, MERGE_TOL)
             s, q = s[final], q[final]
-            eig = torch.linalg.eigvals(_jacobians(F, s)) if len(final) else None
+            eig = torch.linalg.eigvals(jacobians(F, s)) if len(final) else None
             points = [FixedPoint(s[i].cpu().numpy(), float(q[i]), eig[i].cpu().numpy())
                       for i in range(len(final))]
             points.sort(key=lambda p: tuple(p.state))
@@ -282,7 +185,7 @@ def held_inputs(d: Dynamics, ids: Tensor, chars: Sequence[str], n: int = HELD
 
 
 def dynamics_fixed_points(d: Dynamics, held: Mapping[str, Tensor], starts: int = STARTS,
-                          seed: int = 0, max_iter: int = 500) -> FixedPoints:
+                          seed: int = 0, max_iter: int = 300) -> FixedPoints:
     """``fixed_points`` of a Dynamics' step, from ``starts`` states drawn (with ``seed``)
     from its trajectory, under each held input (``held_inputs``)."""
     B, T = d.trajectory[0].shape[:2]
