@@ -168,18 +168,39 @@ def fixed_points(step: Step, states: Tensor, inputs: Mapping[str, Tensor],
     return FixedPoints(out)
 
 
-def held_inputs(d: Dynamics, ids: Tensor, chars: Sequence[str], n: int = HELD
-                ) -> dict[str, Tensor]:
+def held_inputs(d: Dynamics, ids: Tensor | None = None, chars: Sequence[str] | None = None,
+                n: int = HELD) -> dict[str, Tensor]:
     """The inputs of the ``n`` most frequent characters of the windows ``ids`` (B, T) (what
-    step t reads at a position holding that character), then the zero input "zero"."""
-    counts = torch.bincount(ids.reshape(-1), minlength=len(chars))
-    order = sorted(range(len(chars)), key=lambda c: (-int(counts[c]), c))[:n]
+    step t reads at a position holding that character), then the zero input "zero".
+    Without ``ids``: the ``n`` most frequent distinct inputs of ``d.inputs`` (one-hot or
+    embedded text: its characters), each labelled by where it first occurs, ``x[b, t]``.
+
+    >>> import torch
+    >>> x = torch.eye(3, dtype=torch.float64)[torch.tensor([[0, 2, 2, 1]])]  # (1, 4, 3)
+    >>> d = Dynamics(lambda x, s: s, x, [x], [x[:, 0]], [0, 1, 2, 3], torch.arange(3))
+    >>> list(held_inputs(d, n=2)), list(held_inputs(d, torch.tensor([[0, 2, 2, 1]]), "abc", 1))
+    (['x[0, 1]', 'x[0, 0]', 'zero'], ['c', 'zero'])
+    """
+    B, T, F = d.inputs.shape
     out = {}
-    for c in order:
-        if counts[c] == 0:
-            break
-        b, t = (ids == c).nonzero()[0].tolist()
-        out[chars[c]] = d.inputs[b, t]
+    if ids is None:
+        flat = d.inputs.reshape(B * T, F)
+        _, inverse, counts = torch.unique(flat, dim=0, return_inverse=True, return_counts=True)
+        first = torch.full((counts.numel(),), B * T, dtype=torch.long, device=flat.device)
+        first.scatter_reduce_(0, inverse, torch.arange(B * T, device=flat.device), "amin")
+        for u in sorted(range(counts.numel()), key=lambda u: (-int(counts[u]), int(first[u])))[:n]:
+            b, t = divmod(int(first[u]), T)
+            out[f"x[{b}, {t}]"] = d.inputs[b, t]
+    else:
+        if chars is None or tuple(ids.shape) != (B, T):
+            raise GatelensError(f"held_inputs needs the windows' ids ({B}, {T}) and the "
+                                f"vocabulary; got ids {tuple(ids.shape)}")
+        counts = torch.bincount(ids.reshape(-1), minlength=len(chars))
+        for c in sorted(range(len(chars)), key=lambda c: (-int(counts[c]), c))[:n]:
+            if counts[c] == 0:
+                break
+            b, t = (ids == c).nonzero()[0].tolist()
+            out[chars[c]] = d.inputs[b, t]
     out["zero"] = torch.zeros_like(d.inputs[0, 0])
     return out
 

@@ -9,9 +9,10 @@ each step's Jacobian and re-orthonormalised every step:
 
 n the steps after the burn-in (``Dynamics.offset`` steps of the window count towards it),
 then λ_i is averaged over windows, in nats per character. J_t Q is k forward-mode JVPs
-(``torch.func.jvp`` under ``vmap``); with every exponent (k = dim s) the Jacobian itself
-is formed from the identity, and mean ln |det J_t| comes from its LU beside Σ λ_i (they
-are equal in exact arithmetic, whatever J_t is). The first start vector of each window is
+(``torch.func.jvp`` under ``vmap``); with every exponent (k = dim s), mean ln |det J_t|
+comes beside Σ λ_i from the LU of J_t Q_{t−1} (|det Q| = 1): the same number in exact
+arithmetic, by another factorisation. (The tests hold Σ λ_i against det J_t of PyTorch's
+own cells, which is what can catch a wrong Jacobian.) The first start vector of each window is
 the divergence rate's own seeded unit vector, so λ_1 *is* the divergence rate
 (``divergence_of``); the others come from the run's seed and are orthonormalised against it.
 
@@ -75,7 +76,8 @@ class LyapunovSpectrum:
 
     @property
     def mean_log_abs_det(self) -> float | None:
-        """mean ln |det J_t| over the same steps and windows, from J_t's LU (k = S only)."""
+        """mean ln |det J_t| over the same steps and windows, from the LU of J_t Q_{t−1}
+        (k = S only)."""
         return None if self.log_det_per_window is None else float(np.mean(self.log_det_per_window))
 
     @property
@@ -188,22 +190,17 @@ def _direction(d: Dynamics, Q: Tensor, burn_in: int, n_units: int
                ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
     """One direction on its windows from the frames Q (B, S, k): per-window exponents
     (B, k), ln |det J_t| (B,) when k = S, and the last frame's PR (B, k) and pooled
-    loadings (B, units, k)."""
+    loadings summed over the windows (units, k)."""
     B, S, k = Q.shape
     n = _counted(d, burn_in)
     total = torch.zeros(B, k, dtype=torch.float64, device=Q.device)
     logdet = torch.zeros(B, dtype=torch.float64, device=Q.device) if k == S else None
-    eye = torch.eye(S, dtype=torch.float64, device=Q.device).expand(B, S, S)
     for j, t in enumerate(d.order):
         push = _pusher(d, d.inputs[:, t], d.previous(j), k)
         counted = j + d.offset >= burn_in
-        if k == S:  # the Jacobian itself, from the identity
-            J = push(eye)  # (B, S, S)
-            V = J @ Q
-            if counted:
-                logdet += torch.linalg.slogdet(J).logabsdet
-        else:
-            V = push(Q)  # (B, S, k)
+        V = push(Q)  # (B, S, k) = J_t Q_{t−1}
+        if logdet is not None and counted:  # |det Q_{t−1}| = 1: ln |det V| = ln |det J_t|
+            logdet += torch.linalg.slogdet(V).logabsdet
         if k == 1:
             r = torch.sqrt((V * V).sum(dim=1))  # (B, 1)
             Q = V / r[:, None, :]
@@ -216,7 +213,7 @@ def _direction(d: Dynamics, Q: Tensor, burn_in: int, n_units: int
     keep = d.units >= 0  # a projected h belongs to no unit
     w.index_add_(1, d.units[keep].to(Q.device), Q[:, keep] ** 2)  # (B, units, k)
     pr = w.sum(1) ** 2 / (w * w).sum(1)  # (B, k)
-    return total / n, None if logdet is None else logdet / n, pr, w
+    return total / n, None if logdet is None else logdet / n, pr, w.sum(0)
 
 
 class SpectrumAccumulator:
@@ -282,12 +279,13 @@ class SpectrumAccumulator:
             raise GatelensError("no windows were measured")
         per = {}
         for i, name in enumerate(self.names):
-            ex, ld, pr, w = (None if p[0] is None else torch.cat(p) for p in
-                             zip(*self.parts[i], strict=True))
+            ex, ld, pr = (None if p[0] is None else torch.cat(p) for p in
+                          zip(*[c[:3] for c in self.parts[i]], strict=True))
+            w = sum(c[3] for c in self.parts[i]) / ex.shape[0]  # (units, k) mean over windows
             per[name] = LyapunovSpectrum(
                 exponents=ex.mean(0).numpy(), per_window=ex.numpy(), burn_in=self.burn_in,
                 size=int(self.starts.first[i].shape[1]), hidden=self.hidden,
-                participation=pr.mean(0).numpy(), loadings=w.mean(0).T.numpy(),
+                participation=pr.mean(0).numpy(), loadings=w.T.numpy(),
                 direction=name, log_det_per_window=None if ld is None else ld.numpy())
         best = max(per.values(), key=lambda s: s.exponents[0])
         if len(per) > 1:
