@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ctx, t = timed(lambda: context_used(logits_of, ids))
     rows.append((f"truncation curve (d = {ctx.lengths[0]} … {ctx.lengths[-1]})", t))
+    what = f"run {args.run}" if args.run else "random weights"
     print(f"threads {torch.get_num_threads()}, B = {args.batch}, T = {args.length}, "
-          f"H = {fam.hidden_size}, S = {dyn[0].size}, {'run ' + args.run if args.run else 'random'}")
+          f"H = {fam.hidden_size}, S = {dyn[0].size}, {what}")
     print("| measurement | seconds | / forward |\n|---|---|---|")
     for name, sec in rows:
         print(f"| {name} | {sec:.3g} | {sec / fwd:.3g} |")

@@ -65,18 +65,18 @@ class ContextUsed:
     def describe(self) -> str:
         """One sentence for report.md.
 
-        >>> ContextUsed([1, 2, 4], [0.9, 0.2, 0.004], [10, 9, 7]).describe()
-        'the prediction uses 4 characters of context: cut to 4 it loses 0.004 nats (0.9 at 1)'
-        >>> ContextUsed([1, 2], [0.9, 0.2], [10, 9]).describe()
-        'the prediction uses more than 2 characters of context: cut to 2 it still loses 0.2 nats'
+        >>> ContextUsed([1, 2, 4], [0.9, 0.2, 0.004], [10, 9, 7]).describe()[-62:]
+        'of context: cut to 4, its excess loss is 0.004 nats (0.9 at 1)'
+        >>> ContextUsed([1, 2], [0.9, 0.2], [10, 9]).describe()[-45:]
+        'context: cut to 2, its excess loss is 0.2 nats'
         """
-        eff, first = self.effective_context, self.excess_loss[0]
+        eff, first, top = self.effective_context, self.excess_loss[0], self.lengths[-1]
         if eff is None:
-            return (f"the prediction uses more than {self.lengths[-1]} characters of context: "
-                    f"cut to {self.lengths[-1]} it still loses {self.excess_loss[-1]:.3g} nats")
+            return (f"the prediction uses more than {top} characters of context: cut to "
+                    f"{top}, its excess loss is {self.excess_loss[-1]:.3g} nats")
         e = self.excess_loss[self.lengths.index(eff)]
         return (f"the prediction uses {eff} character{'s' if eff > 1 else ''} of context: cut "
-                f"to {eff} it loses {e:.3g} nats ({first:.3g} at 1)")
+                f"to {eff}, its excess loss is {e:.3g} nats ({first:.3g} at 1)")
 
     def to_dict(self) -> dict:
         """report.json's "context" (DESIGN, report.json version 3)."""
