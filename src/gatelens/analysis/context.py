@@ -67,7 +67,7 @@ class ContextUsed:
 
         >>> ContextUsed([1, 2, 4], [0.9, 0.2, 0.004], [10, 9, 7]).describe()[-62:]
         'of context: cut to 4, its excess loss is 0.004 nats (0.9 at 1)'
-        >>> ContextUsed([1, 2], [0.9, 0.2], [10, 9]).describe()[-45:]
+        >>> ContextUsed([1, 2], [0.9, 0.2], [10, 9]).describe()[-46:]
         'context: cut to 2, its excess loss is 0.2 nats'
         """
         eff, first, top = self.effective_context, self.excess_loss[0], self.lengths[-1]
