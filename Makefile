@@ -12,7 +12,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch pinned to the CPU build that lies on disk (an unpinned torch pulls CUDA, GBs)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,study]'
+	# the extras (gatelens[modern]: xlstm, mingru-pytorch, transformers, mambapy;
+	# onnx, keras: the file loaders) with torch
+	# held at the same pin, so none of them swaps the CPU build for another
+	$(PY) -m pip install --quiet -e '.[test,study,modern,onnx,keras]' torch==2.13.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -55,7 +55,8 @@ def test_analyze_each_cell(runs, cell, tmp_path, capsys):
     rep = json.loads((out / "report.json").read_text())
     jsonschema.validate(rep, schema())
     assert rep["model"]["cell"] == cell and rep["text"] == {
-        "windows": 3, "length": 40, "source": rep["text"]["source"]}
+        "windows": 3, "length": 40, "source": rep["text"]["source"], "chars": 120,
+        "chunks": 1, "percentiles": "exact (numpy.percentile, linear)"}
     assert rep["verification"]["one_step_max_abs_diff_h"] < 1e-5 and rep["verification"]["passed"]
     assert rep["perturbation"]["lags"] == [1, 2, 4, 8, 16, 32]
     assert sum(v["positions"] for v in rep["char_classes"].values()) == 3 * 40

@@ -241,7 +241,8 @@ def test_pickled_objects_refused(make, tmp_path: Path, vocab: Path) -> None:
     ("w.safetensors", lambda p: p.write_bytes(b""), "empty file, expected a weights file"),
     ("w.pt", lambda p: p.write_bytes(b""), "empty file, expected a weights file"),
     ("w.ckpt", lambda p: p.write_bytes(b"x"),
-     "unknown weights format '.ckpt'; gatelens reads .safetensors, .pt, .pth, .bin"),
+     "unknown weights format '.ckpt'; gatelens reads .safetensors, .pt, .pth, .bin, .onnx, "
+     ".h5, .keras"),
     ("w.pt", lambda p: torch.save([torch.zeros(2)], p),
      "holds an object of type list, not a dict of tensors (a state_dict)"),
     ("w.pt", lambda p: torch.save({"w": torch.zeros(2), "step": 3}, p),
@@ -266,8 +267,12 @@ def test_unreadable_or_missing_weights(tmp_path: Path, vocab: Path) -> None:
     assert _error(lambda: load_foreign(tmp_path / "none.pt", vocab=vocab)) == \
         f"{tmp_path / 'none.pt'}: no such file"
     assert _error(lambda: read_tensors(tmp_path)) == \
-        f"{tmp_path}: unknown weights format '(no extension)'; gatelens reads .safetensors, " \
-        ".pt, .pth, .bin"
+        f"{tmp_path}: is a directory, expected a weights file"
+    junk = tmp_path / "weights"
+    junk.write_bytes(b"hello, not weights at all")
+    assert _error(lambda: read_tensors(junk)) == (
+        f"{junk}: no extension, and its first bytes are not those of a safetensors or "
+        "torch.save file (unknown)")
 
 
 def _edited(name: str, tmp_path: Path, drop: tuple[str, ...] = (), **put: torch.Tensor) -> Path:
@@ -322,16 +327,22 @@ def test_shapes_that_do_not_fit(tmp_path: Path, vocab: Path) -> None:
 def test_input_and_head_mismatches(tmp_path: Path, vocab: Path) -> None:
     small = tmp_path / "small.json"
     small.write_text(json.dumps(CHARS[:-1]), encoding="utf-8")
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(CHARS + ["~"]), encoding="utf-8")
     p = _edited("gru_onehot", tmp_path)
-    assert _error(lambda: load_foreign(p, vocab=small)) == (
-        f"{p}: tensor 'rnn.weight_ih_l0' has 10 columns (inputs), but {small} has 9 characters "
+    assert _error(lambda: load_foreign(p, vocab=big)) == (
+        f"{p}: tensor 'rnn.weight_ih_l0' has 10 columns (inputs), but {big} has 11 characters "
         "(one-hot input)")
+    m = load_foreign(p, vocab=small)  # a vocabulary shorter than the input: a named unused row
+    assert m.vocab == CHARS[:-1] + ["<unused 9>"] and "rows 9..9 are named" in m.notes[0]
     p = _edited("embed_lstm", tmp_path)
     assert _error(lambda: load_foreign(p, vocab=vocab)) == (
         f"{p}: tensor 'lstm.weight_ih_l0' has 6 columns (inputs), but {vocab} has 10 characters"
         " (one-hot input); if 'emb.weight' is its embedding, pass --embed-tensor emb.weight")
-    assert _error(lambda: load_foreign(p, vocab=small, embed="emb")) == \
-        f"{p}: embedding 'emb.weight' has 10 rows, but {small} has 9 characters"
+    assert _error(lambda: load_foreign(p, vocab=big, embed="emb")) == \
+        f"{p}: embedding 'emb.weight' has 10 rows, but {big} has 11 characters"
+    m = load_foreign(p, vocab=small, embed="emb", head="out")
+    assert m.vocab[-1] == "<unused 9>" and "embedding 'emb.weight' has 10 rows" in m.notes[0]
     p = _edited("embed_lstm", tmp_path, emb__weight=torch.zeros(V, 7))
     assert _error(lambda: load_foreign(p, vocab=vocab, embed="emb.weight")) == (
         f"{p}: tensor 'lstm.weight_ih_l0' has 6 columns (inputs), but embedding 'emb.weight' "
@@ -366,7 +377,8 @@ def test_cli_arguments(tmp_path: Path, vocab: Path, ids: torch.Tensor) -> None:
     add_foreign_arguments(bare)
     assert vars(bare.parse_args(["--weights", "w.pt", "--nonlinearity", "relu"])) == {
         "weights": "w.pt", "vocab": None, "cell": None, "prefix": None, "hidden": None,
-        "layers": None, "embed_tensor": None, "head": None, "nonlinearity": "relu"}
+        "layers": None, "embed_tensor": None, "head": None, "nonlinearity": "relu",
+        "recurrent_activation": None}
     assert _error(lambda: foreign_from_args(bare.parse_args([]))) == \
         "--weights FILE is needed for a model gatelens did not train"
     assert _error(lambda: foreign_from_args(bare.parse_args(["--weights", "w.pt"]))) == \

@@ -29,11 +29,14 @@ __version__ = _version()
 #: Public names whose modules pull in the report stack: imported on first use (PEP 562).
 _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.analyze",
          "measure": "gatelens.analysis.measure", "reproduce": "gatelens.studies.reproduce",
-         "Lens": "gatelens.lens.lens", "LensResult": "gatelens.lens.lens"}
+         "Lens": "gatelens.lens.lens", "LensResult": "gatelens.lens.lens",
+         # the file loaders import onnx / onnxruntime / h5py only when called
+         "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
+         "open_keras": "gatelens.loaders.keras_file"}
 
 __all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
            "VerifyResult", "analyze", "gate_names", "half_life", "measure", "open_cells",
-           "reproduce", "trace",
+           "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]
 
 

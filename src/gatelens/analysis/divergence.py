@@ -116,13 +116,29 @@ def divergence_rate(module: nn.Module, inputs: Tensor, seed: int = 0, burn_in: i
     return rate_of(fam.dynamics(call, ref), seed=seed, burn_in=burn_in)
 
 
-def rate_of(dynamics: list[Dynamics], seed: int = 0, burn_in: int = 16) -> DivergenceRate:
-    """λ of each causal direction (``Family.dynamics``); the larger is reported."""
+def start_vectors(dynamics: list[Dynamics], windows: int, seed: int = 0) -> list[Tensor]:
+    """Each direction's start vectors for ``windows`` windows, (windows, S) float64, drawn in
+    direction order with one generator seeded by ``seed`` (before normalisation). Drawn once
+    for all windows, so a chunk of windows gets the same vectors as the whole batch."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return [torch.randn(windows, d.size, generator=gen, dtype=torch.float64) for d in dynamics]
+
+
+def rate_of(dynamics: list[Dynamics], seed: int = 0, burn_in: int = 16,
+            start: list[Tensor] | None = None) -> DivergenceRate:
+    """λ of each causal direction (``Family.dynamics``); the larger is reported. ``start``:
+    the directions' start vectors (``start_vectors``), drawn from ``seed`` when None."""
     T = dynamics[0].inputs.shape[1]
     if not isinstance(burn_in, int) or isinstance(burn_in, bool) or not 0 <= burn_in < T:
         raise ValueError(f"burn_in must be an int in [0, T) = [0, {T}); got {burn_in!r}")
-    gen = torch.Generator().manual_seed(int(seed))
-    rates = {d.name: _rate(d, burn_in, gen) for d in dynamics}
+    B = dynamics[0].trajectory[0].shape[0]
+    start = start_vectors(dynamics, B, seed) if start is None else start
+    return summarize_rates(window_rates(dynamics, burn_in, start), burn_in)
+
+
+def summarize_rates(rates: dict[str, np.ndarray], burn_in: int) -> DivergenceRate:
+    """Per-window λ of each direction (``rates``) as a DivergenceRate: the larger direction's
+    mean and spread; every direction's mean when there are two."""
     worst = max(rates, key=lambda k: float(np.mean(rates[k])))
     per_window = rates[worst]
     sd = float(np.std(per_window, ddof=1)) if per_window.size > 1 else 0.0
@@ -131,14 +147,20 @@ def rate_of(dynamics: list[Dynamics], seed: int = 0, burn_in: int = 16) -> Diver
                           if len(rates) > 1 else {})
 
 
-def _rate(dyn: Dynamics, burn_in: int, gen: torch.Generator) -> np.ndarray:
+def window_rates(dynamics: list[Dynamics], burn_in: int,
+                 start: list[Tensor]) -> dict[str, np.ndarray]:
+    """Per-window λ of each direction, (B,) each (chunks concatenate)."""
+    return {d.name: _rate(d, burn_in, v) for d, v in zip(dynamics, start, strict=True)}
+
+
+def _rate(dyn: Dynamics, burn_in: int, start: Tensor) -> np.ndarray:
     """Per-window λ of one direction: a unit tangent pushed through each step's Jacobian
     (``torch.func.jvp`` of ``dyn.step``), renormalised every step, ln growth summed over the
     window's steps from ``burn_in`` on."""
     B = dyn.trajectory[0].shape[0]
     sizes = [t.shape[-1] for t in dyn.trajectory]
     dev = dyn.trajectory[0].device
-    v = torch.randn(B, sum(sizes), generator=gen, dtype=torch.float64).to(dev)  # (B, S)
+    v = start.to(dev)  # (B, S)
     v = list((v / v.norm(dim=-1, keepdim=True)).split(sizes, dim=-1))
     total = torch.zeros(B, dtype=torch.float64, device=dev)
     counted = 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
@@ -24,22 +25,27 @@ from gatelens.analysis import (
     GateDistributions,
     PerturbationDecay,
     UnitTimescales,
-    char_classes,
     decompose,
-    gate_distributions,
     perturb_windows,
-    perturbation_decay,
-    unit_timescales,
 )
-from gatelens.analysis.divergence import DivergenceRate, rate_of
-from gatelens.analysis.reach import OutputReach, output_reach
+from gatelens.analysis.divergence import (
+    DivergenceRate,
+    start_vectors,
+    summarize_rates,
+    window_rates,
+)
+from gatelens.analysis.perturbation import decay_from_rows, decay_rows
+from gatelens.analysis.reach import OutputReach, kl_per_position, reach_from_rows
+from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Reference
 from gatelens.families.registry import open_family
+from gatelens.families.spec import CellSpec
+from gatelens.progress import Progress
 from gatelens.readout.trace import State, read, trace
 from gatelens.readout.trace_types import Trace
-from gatelens.readout.verify import VerifyResult, verify_call
+from gatelens.readout.verify import VerifyResult, merge_results, verify_call
 
 BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 
@@ -137,16 +143,37 @@ def check_perturb_pos(position: int, length: int) -> None:
                             f"windows (0..{length - 2})")
 
 
+#: the working memory an analysis aims at (docs/design.md "Streaming analysis")
+MEMORY_BUDGET = 1 << 30
+#: bytes a window costs, per character and unit of the carried state, in float32 units:
+#: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
+BYTES_PER_STATE = 4 * 80
+
+
+def chunk_windows(fam: Family, length: int, budget: int = MEMORY_BUDGET) -> int:
+    """Windows per chunk so that one chunk's working memory stays near ``budget``.
+
+    >>> from gatelens.families.registry import family_of
+    >>> chunk_windows(family_of(torch.nn.LSTM(84, 325)), 128)
+    80
+    """
+    units = fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
+    return max(1, int(budget // (length * units * BYTES_PER_STATE)))
+
+
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
             perturb_pos: int = 32, seed: int = 0, init_value: float = 0.5,
             baseline: tuple[int, nn.Module, Runner] | None = None,
             model: dict | None = None, text: dict | None = None,
-            timings: dict | None = None) -> Analysis:
+            timings: dict | None = None, chunk: int | None = None,
+            progress: bool = False) -> Analysis:
     """Every measurement of one recurrent ``module`` on windows ``ids`` (B, T).
 
     ``runner(ids)`` returns what the module saw when the model read ``ids`` (its input and
     state, and the model's logits); ``baseline`` is (step, module, runner) of the untrained
-    model; ``model`` and ``text`` are report.json's blocks of the same names.
+    model; ``model`` and ``text`` are report.json's blocks of the same names. Windows go
+    through in chunks of ``chunk`` (default: what ``MEMORY_BUDGET`` allows), every figure
+    accumulated (analysis/stream.py); the traces kept for the page are the first chunk's.
 
     >>> lstm = torch.nn.LSTM(3, 4, batch_first=True)
     >>> ids = torch.randint(0, 3, (2, 12))
@@ -156,46 +183,108 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     (True, [1, 2, 4], 4)
     """
     clock = timings if timings is not None else {}
-    check_perturb_pos(perturb_pos, ids.shape[1])
+    for stage in ("trace", "verification", "divergence", "analyses"):
+        clock.setdefault(stage, 0.0)
+    B, T = ids.shape
+    check_perturb_pos(perturb_pos, T)
     if len(chars) < 2:
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     perturbed = perturb_windows(ids, perturb_pos, len(chars), seed)  # (B, T)
     fam = open_family(module, "measure()")
+    if all(n.split(".")[1] == "reverse" for n in fam.names()):  # an ONNX reverse-only node
+        raise GatelensError("a reverse-only recurrent module cannot be measured (the "
+                            "measurements follow the text forward); trace it instead")
+    base_fam = None if baseline is None else open_family(baseline[1], "measure()")
+    step = chunk or chunk_windows(fam, T)
+    units = fam.num_layers * fam.hidden_size
+    acc = _Accumulators(fam.spec, B * T * units, chars)
+    base_acc = None if base_fam is None else _Accumulators(base_fam.spec, B * T * units, chars)
+    kept: dict = {}
+    bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
+    for b0 in range(0, B, step):
+        w, wp = ids[b0 : b0 + step], perturbed[b0 : b0 + step]
+        t0 = time.perf_counter()
+        cap, cap2 = runner(w), runner(wp)
+        call, ref, tr = _read(fam, cap)
+        _, _, tr2 = _read(fam, cap2)
+        base_tr = None if base_fam is None else _read(base_fam, baseline[2](w))[2]
+        clock["trace"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        acc.verification.append(verify_call(fam, call, ref, trace=tr))
+        clock["verification"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if call.layout.get("packed") is None:
+            dyn = fam.dynamics(call, ref)
+            if acc.starts is None:
+                acc.starts = start_vectors(dyn, B, seed)
+            # docs/methods.md's burn-in of 16 steps; half the window when windows are shorter
+            rates = window_rates(dyn, min(BURN_IN, T // 2),
+                                 [s[b0 : b0 + len(w)] for s in acc.starts])
+            for name, r in rates.items():
+                acc.rates.setdefault(name, []).append(r)
+            del dyn
+        clock["divergence"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dec = acc.update(tr, tr2, w, perturb_pos, cap, cap2, len(chars))
+        if base_acc is not None:
+            base_acc.gates.update(base_tr)
+            base_acc.units.update(base_tr)
+        if not kept:
+            kept = {"trace": tr, "trace_perturbed": tr2, "decomposition": dec,
+                    "baseline": base_tr}
+        del call, ref, cap, cap2
+        clock["analyses"] += time.perf_counter() - t0
+        bar.update(len(w))
+    bar.close()
     t0 = time.perf_counter()
-    cap, cap2 = runner(ids), runner(perturbed)
-    call, ref, tr = _read(fam, cap)
-    _, _, tr2 = _read(fam, cap2)
-    base_tr = None
-    if baseline is not None:
-        _, _, base_tr = _read(open_family(baseline[1], "measure()"), baseline[2](ids))
-    clock["trace"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ver = verify_call(fam, call, ref, trace=tr)
-    clock["verification"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    div = None
-    if call.layout.get("packed") is None:
-        # docs/methods.md's burn-in of 16 steps; half the window when windows are shorter
-        div = rate_of(fam.dynamics(call, ref), seed=seed,
-                      burn_in=min(BURN_IN, ids.shape[1] // 2))
-    clock["divergence"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    reach, note = _reach(cap.logits, cap2.logits, ids, perturb_pos, len(chars))
-    dec = decompose(tr, tr2, perturb_pos)
-    base = None if base_tr is None else Baseline(
-        baseline[0], base_tr, gate_distributions(base_tr), unit_timescales(base_tr, init_value))
+    base = None if base_acc is None else Baseline(
+        baseline[0], kept["baseline"], base_acc.gates.result(),
+        base_acc.units.result(init_value))
+    info = dict(text or {"windows": B, "length": T, "source": "ids"})
+    info.update(chars=B * T, chunks=-(-B // step), percentiles=acc.gates.method)
     a = Analysis(
-        model=dict(model or {"cell": tr.cell, "hidden": module.hidden_size,
-                             "layers": module.num_layers, "step": None}),
-        text=dict(text or {"windows": ids.shape[0], "length": ids.shape[1], "source": "ids"}),
-        chars=list(chars), windows=ids, perturbed=perturbed, perturb_pos=perturb_pos,
-        trace=tr, trace_perturbed=tr2, verification=ver, gates=gate_distributions(tr),
-        units=unit_timescales(tr, init_value),
-        perturbation=perturbation_decay(tr, tr2, perturb_pos, decomposition=dec),
-        decomposition=dec, char_classes=char_classes(tr, ids, chars), divergence=div,
-        reach=reach, reach_note=note, baseline=base)
-    clock["analyses"] = time.perf_counter() - t0
+        model=dict(model or {**fam.describe(), "step": None}), text=info, chars=list(chars),
+        windows=ids, perturbed=perturbed, perturb_pos=perturb_pos, trace=kept["trace"],
+        trace_perturbed=kept["trace_perturbed"],
+        verification=merge_results(acc.verification), gates=acc.gates.result(),
+        units=acc.units.result(init_value),
+        perturbation=decay_from_rows(acc.decay, perturb_pos, T),
+        decomposition=kept["decomposition"], char_classes=acc.classes.result(),
+        divergence=None if not acc.rates else summarize_rates(
+            {k: np.concatenate(v) for k, v in acc.rates.items()}, min(BURN_IN, T // 2)),
+        reach=None if acc.reach_note else reach_from_rows(acc.reach, perturb_pos, T),
+        reach_note=acc.reach_note, baseline=base)
+    clock["analyses"] += time.perf_counter() - t0
     return a
+
+
+class _Accumulators:
+    """What ``measure`` keeps across chunks of windows."""
+
+    def __init__(self, spec: CellSpec, total: int, chars: list[str]) -> None:
+        self.gates = GateStats(spec, total)
+        self.units = UnitStats(spec)
+        self.classes = ClassStats(spec, chars)
+        self.decay: list[dict] = []
+        self.reach: list[Tensor] = []
+        self.reach_note: str | None = None
+        self.verification: list[VerifyResult] = []
+        self.rates: dict[str, list[np.ndarray]] = {}
+        self.starts: list[Tensor] | None = None
+
+    def update(self, tr: Trace, tr2: Trace, w: Tensor, position: int, cap: Captured,
+               cap2: Captured, vocab: int) -> dict[str, Tensor] | None:
+        self.gates.update(tr)
+        self.units.update(tr)
+        self.classes.update(tr, w)
+        dec = decompose(tr, tr2, position)
+        self.decay.append(decay_rows(tr, tr2, position, dec))
+        note = _reach_note(cap.logits, cap2.logits, w, vocab)
+        if note is not None:
+            self.reach_note = self.reach_note or note
+        elif self.reach_note is None:
+            self.reach.append(kl_per_position(cap.logits, cap2.logits)[:, position:])
+        return dec
 
 
 def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:
@@ -207,14 +296,14 @@ def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:
         trace(fam.module, cap.inputs, cap.state)
 
 
-def _reach(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor, position: int,
-           vocab: int) -> tuple[OutputReach | None, str | None]:
-    """Output-level reach when the model's output is next-token logits (B, T, V)."""
+def _reach_note(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor,
+                vocab: int) -> str | None:
+    """Why there is no output-level reach (None: the output is next-token logits (B, T, V))."""
     B, T = ids.shape
     if clean is None or perturbed is None:
-        return None, "the model gave no output to compare"
+        return "the model gave no output to compare"
     if not isinstance(clean, Tensor) or tuple(clean.shape) != (B, T, vocab):
         shape = tuple(clean.shape) if isinstance(clean, Tensor) else type(clean).__name__
-        return None, (f"the model's output {shape} is not next-token logits ({B}, {T}, "
-                      f"{vocab}), so only the state measurements apply")
-    return output_reach(clean, perturbed, position), None
+        return (f"the model's output {shape} is not next-token logits ({B}, {T}, {vocab}), "
+                "so only the state measurements apply")
+    return None

@@ -87,7 +87,7 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
         return None
     s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
     f, f2 = (pooled(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
-    if trace.cell == "lstm":
+    if trace.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
         i, g = (pooled(trace, k).double() for k in "ig")
         i2, g2 = (pooled(perturbed, k).double() for k in "ig")
         entry = i * g  # (B, T, S): what the unperturbed cell writes
@@ -108,16 +108,70 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
     return {"measured": measured, "forget_path": forget, "return_path": ret}
 
 
-def _ratio_curve(delta: Tensor, position: int, keep: Tensor,
-                 base: Tensor | None = None) -> np.ndarray:
-    """mean over kept windows of ‖δ_{p+k}‖ / ‖base‖ for k = 0 … T−1−p, float64.
+def _ratio_rows(delta: Tensor, position: int, keep: Tensor,
+                base: Tensor | None = None) -> Tensor:
+    """‖δ_{p+k}‖ / ‖base‖ for k = 0 … T−1−p of every kept window, float64 (n, T − p).
 
     ``base`` (B, S) defaults to δ_p; the two paths are measured against the measured δs_p.
     """
     norms = delta[:, position:].double().norm(dim=-1)  # (B, T−p)
     base = (delta[:, position] if base is None else base).double().norm(dim=-1)  # (B,)
-    ratio = norms[keep] / base[keep, None]  # (n, T−p)
-    return ratio.mean(dim=0).numpy() if ratio.shape[0] else np.full(norms.shape[1], np.nan)
+    return norms[keep] / base[keep, None]  # (n, T−p)
+
+
+def decay_rows(trace: Trace, perturbed: Trace, position: int,
+               decomposition: dict[str, Tensor] | None = None) -> dict:
+    """The per-window part of the decay: each kept window's ratio curves ("measured",
+    "measured_h", and with a keep gate "forget_path", "return_path"), (n, T − p) each, the
+    largest |measured − forget path − return path| and the state letter. Windows whose δs_p
+    is exactly zero are left out. Rows of several chunks concatenate (``decay_from_rows``).
+    """
+    s, s2 = (pooled(t, trace.state_name) for t in (trace, perturbed))  # (B, T, S)
+    if s.shape != s2.shape:
+        raise ValueError(f"traces differ in shape: {tuple(s.shape)} vs {tuple(s2.shape)}")
+    if not 0 <= position < s.shape[1] - 1:
+        raise ValueError(f"perturbation position {position} leaves no lag in windows of "
+                         f"{s.shape[1]}")
+    delta = s2.double() - s.double()  # (B, T, S)
+    keep = delta[:, position].norm(dim=-1) > 0  # (B,)
+    h, h2 = (pooled(t, "h") for t in (trace, perturbed))  # (B, T, H_out)
+    rows = {"measured": _ratio_rows(delta, position, keep),
+            "measured_h": _ratio_rows(h2.double() - h.double(), position, keep)}
+    out = {"rows": rows, "residual": None, "state": trace.state_name}
+    if decomposition is None:
+        decomposition = decompose(trace, perturbed, position)
+    if decomposition is not None:
+        base = delta[:, position]  # (B, S): ‖δs_p‖ is the unit of every curve
+        for name in ("forget_path", "return_path"):
+            rows[name] = _ratio_rows(decomposition[name], position, keep, base)
+        total = decomposition["forget_path"] + decomposition["return_path"]
+        out["residual"] = float((decomposition["measured"] - total).abs().max())
+    return out
+
+
+def decay_from_rows(parts: list[dict], position: int, length: int,
+                    lags: tuple[int, ...] = LAGS) -> PerturbationDecay:
+    """The decay from the per-window rows of one or more chunks (``decay_rows``): every
+    curve is the mean over all kept windows, the residual the largest."""
+    ks = report_lags(position, length, lags)
+    if not 0 <= position or not ks:
+        raise ValueError(f"perturbation position {position} leaves no lag in windows of "
+                         f"{length}")
+    names = list(parts[0]["rows"])
+    rows = {n: torch.cat([p["rows"][n] for p in parts]) for n in names}  # (n, T − p)
+    n = int(rows["measured"].shape[0])
+    curves = {k: (v.mean(dim=0).numpy() if n else np.full(length - position, np.nan))
+              for k, v in rows.items()}
+    measured_h = curves.pop("measured_h")
+    at = lambda name: [float(curves[name][k]) for k in ks]  # noqa: E731
+    has_paths = "forget_path" in curves
+    residuals = [p["residual"] for p in parts if p["residual"] is not None]
+    return PerturbationDecay(
+        position=position, n=n, state=parts[0]["state"], lags=ks, measured=at("measured"),
+        forget_only=at("forget_path") if has_paths else None,
+        return_path=at("return_path") if has_paths else None,
+        measured_h=[float(measured_h[k]) for k in ks], curves=curves,
+        max_abs_residual=max(residuals) if residuals else None)
 
 
 @dataclass
@@ -199,32 +253,5 @@ def perturbation_decay(trace: Trace, perturbed: Trace, position: int,
 
     ``decomposition`` may pass a :func:`decompose` result already computed.
     """
-    s, s2 = (pooled(t, trace.state_name) for t in (trace, perturbed))  # (B, T, S)
-    if s.shape != s2.shape:
-        raise ValueError(f"traces differ in shape: {tuple(s.shape)} vs {tuple(s2.shape)}")
-    T = s.shape[1]
-    ks = report_lags(position, T, lags)
-    if not 0 <= position or not ks:
-        raise ValueError(f"perturbation position {position} leaves no lag in windows of {T}")
-    delta = s2.double() - s.double()  # (B, T, S)
-    keep = delta[:, position].norm(dim=-1) > 0  # (B,)
-    measured = _ratio_curve(delta, position, keep)  # (T−p,)
-    h, h2 = (pooled(t, "h") for t in (trace, perturbed))  # (B, T, H_out)
-    measured_h = _ratio_curve(h2.double() - h.double(), position, keep)
-    curves = {"measured": measured}
-    forget_only = return_path = residual = None
-    if decomposition is None:
-        decomposition = decompose(trace, perturbed, position)
-    if decomposition is not None:
-        base = delta[:, position]  # (B, S): ‖δs_p‖ is the unit of every curve
-        for name in ("forget_path", "return_path"):
-            curves[name] = _ratio_curve(decomposition[name], position, keep, base)
-        forget_only = [float(curves["forget_path"][k]) for k in ks]
-        return_path = [float(curves["return_path"][k]) for k in ks]
-        total = decomposition["forget_path"] + decomposition["return_path"]
-        residual = float((decomposition["measured"] - total).abs().max())
-    return PerturbationDecay(
-        position=position, n=int(keep.sum()), state=trace.state_name, lags=ks,
-        measured=[float(measured[k]) for k in ks], forget_only=forget_only,
-        return_path=return_path, measured_h=[float(measured_h[k]) for k in ks],
-        curves=curves, max_abs_residual=residual)
+    rows = decay_rows(trace, perturbed, position, decomposition)
+    return decay_from_rows([rows], position, trace[next(iter(trace))].shape[1], lags)

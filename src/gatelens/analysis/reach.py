@@ -131,8 +131,20 @@ def output_reach(logits_clean: Tensor, logits_perturbed: Tensor, position: int,
         raise ValueError(f"position must be an int in [0, {T}); got {position!r}")
     if any(not isinstance(k, int) or k < 1 for k in lags):
         raise ValueError(f"lags must be positive ints; got {lags!r}")
-    ks = report_lags(position, T, tuple(sorted(lags)))
     kl = kl_per_position(logits_clean, logits_perturbed)[:, position:]  # (B, T − p)
+    return reach_from_rows([kl], position, T, lags)
+
+
+def reach_from_rows(rows: list[Tensor], position: int, length: int,
+                    lags: tuple[int, ...] = LAGS) -> OutputReach:
+    """The reach from per-window KL rows (n, T − p) of one or more chunks of windows.
+
+    >>> r = reach_from_rows([torch.ones(2, 3), torch.zeros(2, 3)], position=1, length=4)
+    >>> r.n, r.kl
+    (4, [0.5, 0.5])
+    """
+    ks = report_lags(position, length, tuple(sorted(lags)))
+    kl = torch.cat(rows)  # (B, T − p)
     curve = kl.mean(dim=0).cpu().numpy()  # (T − p,)
-    return OutputReach(position=position, n=B, lags=ks, kl=[float(curve[k]) for k in ks],
-                       curve=curve)
+    return OutputReach(position=position, n=int(kl.shape[0]), lags=ks,
+                       kl=[float(curve[k]) for k in ks], curve=curve)

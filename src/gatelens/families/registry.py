@@ -19,6 +19,18 @@ FAMILIES: tuple[str, ...] = (
     "gatelens.families.modern:MinGRUFamily",
     "gatelens.families.modern:MinLSTMFamily",
     "gatelens.families.modern:SLSTMFamily",
+    # cells PyTorch has no module for (ONNX peepholes, reset-before GRU, Keras activations)
+    "gatelens.families.variants:VariantLSTMFamily",
+    # cells PyTorch has no module for (ONNX peepholes, reset-before GRU, Keras activations)
+    "gatelens.families.variants:VariantGRUFamily",
+    # the official implementations (gatelens[modern]); each tests its class by module path
+    "gatelens.families.xlstm_slstm:XLSTMSLSTMFamily",
+    "gatelens.families.xlstm_mlstm:XLSTMMLSTMFamily",
+    "gatelens.families.mingru_pytorch:MinGRUPytorchFamily",
+    "gatelens.families.hf_mamba:HFMambaFamily",
+    "gatelens.families.hf_mamba2:HFMamba2Family",
+    "gatelens.families.mambapy:MambapyFamily",
+    "gatelens.families.hf_rwkv:HFRwkvFamily",
 )
 
 
@@ -47,8 +59,7 @@ def open_family(module: object, what: str = "trace()"):
     >>> open_family(object())
     Traceback (most recent call last):
     ...
-    TypeError: trace() takes nn.LSTM, nn.GRU, nn.RNN (tanh or relu), gatelens's MinGRU, \
-gatelens's MinLSTM, gatelens's SLSTM; got object
+    TypeError: trace() takes nn.LSTM, nn.GRU, nn.RNN (tanh or relu), ...; got object
     """
     fam = family_of(module)
     if fam is None:

@@ -114,7 +114,67 @@ CELLS: dict[str, CellSpec] = {
         bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
                 "s": TANH, "h": TANH},
         display={"kappa": "keep κ = f n / n'", "s": "state c/n"}),
+    # ONNX / Keras cells PyTorch has no module for (cells/variants.py): the LSTM's and the
+    # GRU's letters; their gate ranges depend on the activations, so no bounds are fixed.
+    "lstm_variant": CellSpec(
+        name="lstm_variant", family="lstm", mode=None, chunks=("i", "f", "g", "o"),
+        signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
+        keep_gate="f", input_gate="i", state="c", display=_LSTM_NAMES),
+    "gru_variant": CellSpec(
+        name="gru_variant", family="gru", mode=None, chunks=("r", "z", "n"),
+        signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
+        state="h", candidate="n", display=_GRU_NAMES),
 }
+
+#: The official implementations' cells (families/mingru_pytorch.py, xlstm_*.py, hf_*.py,
+#: mambapy.py); y is the layer's (cell module's) output. Their keep gate multiplies the
+#: carried state s coordinate by coordinate through ``Family.state_units`` (a head's f
+#: scales its whole matrix memory; Mamba's exp(Δ·A) is per (channel, state) pair).
+OFFICIAL: dict[str, CellSpec] = {
+    "mingru_pt_gru": CellSpec(
+        name="mingru_pt_gru", family="mingru-pytorch", mode=None, chunks=("cand", "z"),
+        signals=("z", "cand", "keep", "h", "y"), gates=("z", "keep"), keep_gate="keep",
+        input_gate=None, state="h", candidate="cand", bounds={"z": SIGMOID, "keep": SIGMOID},
+        display={"keep": "keep 1 − z", "cand": "candidate g(h̃)"}),
+    "mingru_pt_lstm": CellSpec(
+        name="mingru_pt_lstm", family="mingru-pytorch", mode=None, chunks=("cand", "f", "i"),
+        signals=("f", "i", "cand", "keep", "h", "y"), gates=("f", "i", "keep"),
+        keep_gate="keep", input_gate="i", state="h", candidate="cand",
+        bounds={"f": SIGMOID, "i": SIGMOID, "keep": SIGMOID},
+        display={"keep": "keep f′ = f/(f + i)", "cand": "candidate g(h̃)"}),
+    "xlstm_slstm": CellSpec(
+        name="xlstm_slstm", family="xlstm", mode=None, chunks=("i", "f", "z", "o"),
+        signals=("z", "i", "f", "o", "kappa", "s", "h", "y"),
+        gates=("z", "i", "f", "o", "kappa"), keep_gate="kappa", input_gate="i", state="s",
+        candidate="z",
+        bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
+                "s": TANH, "h": TANH},
+        display={"kappa": "keep κ = f n / n'", "s": "state c/n", "f": "forget σ(f̃)",
+                 "i": "input exp(ĩ − m')"}),
+    "xlstm_mlstm": CellSpec(
+        name="xlstm_mlstm", family="xlstm", mode=None, chunks=("i", "f"),
+        signals=("i", "f", "s", "h", "y"), gates=("i", "f"), keep_gate="f", input_gate="i",
+        state="s", bounds={"i": SIGMOID, "f": SIGMOID},
+        display={"f": "forget σ(f̃) per head", "i": "input exp(ĩ − m') per head",
+                 "s": "memory (C, n)·e^m per head"}),
+    "mamba": CellSpec(
+        name="mamba", family="mamba", mode=None, chunks=("delta", "B", "C"),
+        signals=("delta", "a", "s", "y"), gates=("a",), keep_gate="a", input_gate=None,
+        state="s", bounds={"a": SIGMOID},
+        display={"a": "keep exp(Δ·A) per (channel, state)", "delta": "step Δ"}),
+    "mamba2": CellSpec(
+        name="mamba2", family="mamba2", mode=None, chunks=("delta", "B", "C"),
+        signals=("delta", "a", "s", "y"), gates=("a",), keep_gate="a", input_gate=None,
+        state="s", bounds={"a": SIGMOID},
+        display={"a": "keep exp(Δ·A) per head", "delta": "step Δ per head"}),
+    "rwkv4": CellSpec(
+        name="rwkv4", family="rwkv", mode=None, chunks=("k", "v", "r"),
+        signals=("r", "k", "v", "keep", "s", "wkv", "y"), gates=("r", "keep"),
+        keep_gate="keep", input_gate=None, state="s", bounds={"r": SIGMOID, "keep": SIGMOID},
+        display={"keep": "keep e^{−w} per channel", "s": "state (num, den)",
+                 "wkv": "num/den read-out"}),
+}
+CELLS.update(OFFICIAL)
 
 #: The extra signal of a projected LSTM (``proj_size > 0``): m = o ⊙ tanh(c), the output
 #: before the projection h = W_hr m; it stands just before ``h``.

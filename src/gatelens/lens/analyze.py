@@ -92,6 +92,7 @@ def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int = 32,
                 perturb_pos=perturb_pos, seed=seed,
                 model={"cell": model.cell, "hidden": model.hidden, "layers": model.layers,
                        "step": None, "path": model.prefix.rstrip("."),
-                       "weights": str(model.source)},
+                       "weights": str(model.source),
+                       "notes": list(getattr(model, "notes", []))},  # report.md shows them
                 text={"windows": windows, "length": length, "source": str(text)})
     return write_analysis(a, out)

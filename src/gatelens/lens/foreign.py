@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError, positive_int
 from gatelens.families.spec import FAMILIES, family_spec
-from gatelens.lens.foreign_io import PathLike, read_tensors, read_vocab
+from gatelens.lens.foreign_io import PathLike, extend_vocab, read_tensors, read_vocab, sniff
 from gatelens.training.model import CELLS
 
 #: Row blocks stacked in weight_ih / weight_hh of each --cell family (the cell table).
@@ -45,21 +45,29 @@ _RECURRENT = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")
 class ForeignModel(nn.Module):
     """A recurrent module from a weights file, with its input encoding and optional head.
 
-    ``embed`` (nn.Embedding or None: one-hot input), ``rnn`` (nn.LSTM/GRU/RNN, batch_first,
-    eval mode), ``head`` (nn.Linear or None), ``vocab`` (characters in index order).
+    ``embed`` (nn.Embedding or None: one-hot input), ``rnn`` (nn.LSTM/GRU/RNN, or a
+    VariantLSTM/VariantGRU of an ONNX or Keras file; batch_first, eval mode), ``head``
+    (nn.Linear or None), ``vocab`` (characters in index order, ``<unused k>`` for rows the
+    vocabulary file does not name), ``notes`` (what a reader of report.md must know, such as
+    those unused rows).
     """
 
-    def __init__(self, rnn: nn.RNNBase, vocab: list[str], *, embed: nn.Embedding | None = None,
+    def __init__(self, rnn: nn.Module, vocab: list[str], *, embed: nn.Embedding | None = None,
                  head: nn.Linear | None = None, source: Path = Path(), prefix: str = "",
-                 embed_name: str | None = None, head_prefix: str | None = None) -> None:
+                 embed_name: str | None = None, head_prefix: str | None = None,
+                 notes: list[str] | None = None) -> None:
         super().__init__()
         self.embed, self.rnn, self.head, self.vocab = embed, rnn, head, list(vocab)
         self.source, self.prefix = source, prefix  # the file, and the rnn's name prefix in it
         self.embed_name, self.head_prefix = embed_name, head_prefix
-        self.cell = next(name for name, cls in CELLS.items() if type(rnn) is cls)
+        self.notes = list(notes or [])
+        # nn.LSTM/GRU/RNN by class; a variant (cells/variants.py) says its kind
+        self.cell = next((name for name, cls in CELLS.items() if type(rnn) is cls),
+                         getattr(rnn, "kind", None))
         self.hidden, self.layers = rnn.hidden_size, rnn.num_layers
         # features a step out of the rnn: D * (proj_size or hidden)
-        self.out_features = (1 + rnn.bidirectional) * (rnn.proj_size or self.hidden)
+        self.out_features = (1 + rnn.bidirectional) * (getattr(rnn, "proj_size", 0) or
+                                                       self.hidden)
         self.eval()
 
     def encode(self, ids: Tensor) -> Tensor:
@@ -78,9 +86,12 @@ class ForeignModel(nn.Module):
         r, V = self.rnn, len(self.vocab)
         parts = [self.cell, f"{self.layers} layer{'s' * (self.layers > 1)}",
                  f"hidden {self.hidden}"]
-        for flag, text in ((r.bidirectional, "bidirectional"), (not r.bias, "no bias"),
-                           (r.proj_size, f"projection {r.proj_size}"),
-                           (self.cell == "rnn", getattr(r, "nonlinearity", ""))):
+        proj = getattr(r, "proj_size", 0)
+        for flag, text in ((r.bidirectional, "bidirectional"),
+                           (not getattr(r, "bias", True), "no bias"),
+                           (proj, f"projection {proj}"),
+                           (self.cell == "rnn", getattr(r, "nonlinearity", "")),
+                           (hasattr(r, "directions"), f"{type(r).__name__} {r.extra_repr()}")):
             parts += [text] if flag else []
         inp = (f"one-hot over {V} characters" if self.embed is None else
                f"embedding '{self.embed_name}' {tuple(self.embed.weight.shape)}")
@@ -88,8 +99,9 @@ class ForeignModel(nn.Module):
                if self.head is None else
                f"head '{self.head_prefix}weight' {tuple(self.head.weight.shape)}"
                f"{' + bias' * (self.head.bias is not None)} -> logits over {V}")
+        notes = "".join(f"\n  note: {n}" for n in self.notes)
         return (f"{self.source}: {', '.join(parts)}, {r.weight_ih_l0.dtype} "
-                f"(tensors '{self.prefix}*')\n  input: {inp}\n  output: {out}")
+                f"(tensors '{self.prefix}*')\n  input: {inp}\n  output: {out}{notes}")
 
 
 def _prefix(tensors: dict[str, Tensor], path: Path, prefix: str | None) -> str:
@@ -199,22 +211,23 @@ def _recurrent(tensors: dict[str, Tensor], path: Path, prefix: str, cell: str | 
 
 def _input_width(tensors: dict[str, Tensor], path: Path, prefix: str, embed: str | None,
                  V: int, vocab: PathLike) -> tuple[str | None, int]:
-    """The embedding tensor's name (None: one-hot) and the recurrent module's input size."""
+    """The embedding tensor's name (None: one-hot) and the recurrent module's input size
+    (its rows, or the one-hot width, may exceed V: ``extend_vocab`` names the rest)."""
     w_ih = _matrix(tensors, prefix + "weight_ih_l0", path, "layer 0")  # (G*H, I)
     if embed is None:
-        if w_ih.shape[1] != V:
+        if w_ih.shape[1] < V:
             guess = [k for k, t in tensors.items() if tuple(t.shape) == (V, w_ih.shape[1])]
             hint = f"; if '{guess[0]}' is its embedding, pass --embed-tensor {guess[0]}" \
                 if guess else ""
             raise GatelensError(f"{path}: tensor '{prefix}weight_ih_l0' has {w_ih.shape[1]} "
                                 f"columns (inputs), but {vocab} has {V} characters (one-hot "
                                 f"input){hint}")
-        return None, V
+        return None, w_ih.shape[1]
     if embed not in tensors and embed + ".weight" in tensors:
         embed += ".weight"  # the module's name given for its tensor's
     emb = _matrix(tensors, embed, path, "--embed-tensor")  # (V, E)
     _check_dtype(emb, embed, w_ih.dtype, prefix, path)
-    if emb.shape[0] != V:
+    if emb.shape[0] < V:
         raise GatelensError(f"{path}: embedding '{embed}' has {emb.shape[0]} rows, "
                             f"but {vocab} has {V} characters")
     if w_ih.shape[1] != emb.shape[1]:
@@ -247,11 +260,14 @@ def _head(tensors: dict[str, Tensor], path: Path, prefix: str, head: str, V: int
 def load_foreign(weights: PathLike, *, vocab: PathLike, cell: str | None = None,
                  prefix: str | None = None, hidden: int | None = None,
                  layers: int | None = None, embed: str | None = None, head: str | None = None,
-                 nonlinearity: str | None = None) -> ForeignModel:
+                 nonlinearity: str | None = None,
+                 recurrent_activation: str | None = None) -> ForeignModel:
     """A :class:`ForeignModel` from a weights file that gatelens did not write.
 
     Args:
-        weights: ``.safetensors``, or a state_dict saved with torch.save (.pt, .pth, .bin).
+        weights: ``.safetensors``, or a state_dict saved with torch.save (.pt, .pth, .bin), or
+            either of them with no extension (sniffed); ``.onnx``, ``.h5``/``.keras``: the
+            recurrent node or layer named by ``prefix`` (``gatelens.loaders.foreign_files``).
         vocab: the characters in index order (see :func:`gatelens.lens.foreign_io.read_vocab`).
         cell: "lstm", "gru" or "rnn"; None: from weight_hh_l0's rows (4H, 3H, H), or an
             LSTM where there is a projection (weight_hr_l0).
@@ -262,15 +278,27 @@ def load_foreign(weights: PathLike, *, vocab: PathLike, cell: str | None = None,
         head: prefix of a Linear head (``{head}weight`` (V, D*H), ``{head}bias``); None: no
             head, the model returns the recurrent output.
         nonlinearity: "tanh" (default) or "relu", for a plain RNN.
+        recurrent_activation: a Keras weights-only file's recurrent activation.
 
     Bidirectional (``*_reverse``), bias and projection are read from the tensor names.
     """
     path = Path(weights)
+    kind = file_kind(path)
+    if kind != "tensors":  # an ONNX graph or a Keras file: its recurrent node or layer
+        from gatelens.loaders.foreign_files import file_parts
+
+        parts = file_parts(path, kind, vocab=vocab, prefix=prefix, embed=embed, head=head,
+                           recurrent_activation=recurrent_activation)
+        return ForeignModel(source=path, **parts)
     tensors = read_tensors(path)
     chars = read_vocab(vocab)
-    V = len(chars)
     prefix = _prefix(tensors, path, prefix)
-    embed_name, n_in = _input_width(tensors, path, prefix, embed, V, vocab)
+    embed_name, n_in = _input_width(tensors, path, prefix, embed, len(chars), vocab)
+    chars, notes = extend_vocab(chars, n_in if embed_name is None else
+                                tensors[embed_name].shape[0],
+                                "the one-hot input" if embed_name is None
+                                else f"embedding '{embed_name}'")
+    V = len(chars)
     rnn, desc = _recurrent(tensors, path, prefix, cell, hidden, layers, nonlinearity, n_in)
     d_out = (1 + rnn.bidirectional) * (rnn.proj_size or rnn.hidden_size)
     head_prefix, head_tensors = (None, {}) if head is None else \
@@ -282,7 +310,24 @@ def load_foreign(weights: PathLike, *, vocab: PathLike, cell: str | None = None,
     head_mod = None if head_prefix is None else _meta_load(
         nn.Linear(d_out, V, bias="bias" in head_tensors, device="meta"), head_tensors)
     return ForeignModel(rnn, chars, embed=embed_mod, head=head_mod, source=path, prefix=prefix,
-                        embed_name=embed_name, head_prefix=head_prefix)
+                        embed_name=embed_name, head_prefix=head_prefix, notes=notes)
+
+
+def file_kind(path: Path) -> str:
+    """"onnx", "keras" (.h5, .hdf5, .keras) or "tensors" (a state_dict file), by the
+    extension, or by the first bytes where there is none (foreign_io.sniff).
+
+    >>> file_kind(Path("model.onnx")), file_kind(Path("m.keras")), file_kind(Path("w.pt"))
+    ('onnx', 'keras', 'tensors')
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return "onnx"
+    if suffix in (".h5", ".hdf5", ".keras"):
+        return "keras"
+    if suffix or not path.is_file():
+        return "tensors"
+    return {"onnx": "onnx", "hdf5": "keras", "keras": "keras"}.get(sniff(path), "tensors")
 
 
 def add_foreign_arguments(parser: argparse.ArgumentParser) -> None:
@@ -297,7 +342,8 @@ def add_foreign_arguments(parser: argparse.ArgumentParser) -> None:
         "weights gatelens did not train",
         "a tensor file and its vocabulary; sizes and cell are read from the tensors")
     g.add_argument("--weights", metavar="FILE",
-                   help=".safetensors, or a state_dict saved with torch.save (.pt .pth .bin)")
+                   help=".safetensors, or a state_dict saved with torch.save (.pt .pth .bin, "
+                        "or no extension), an ONNX graph (.onnx) or a Keras file (.h5 .keras)")
     g.add_argument("--vocab", metavar="FILE",
                    help='characters in index order: a JSON list, {"chars": [...]}, a '
                         "gatelens config.json, or a text file (its sorted characters)")
@@ -313,11 +359,14 @@ def add_foreign_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prefix of a Linear head, e.g. head. for head.weight/head.bias "
                         "(default: none, the recurrent output is analysed)")
     g.add_argument("--nonlinearity", choices=["tanh", "relu"], help="plain RNN (default tanh)")
+    g.add_argument("--recurrent-activation", metavar="NAME", dest="recurrent_activation",
+                   help="a Keras weights-only file's recurrent activation (e.g. sigmoid)")
 
 
 # load_foreign's keyword -> the flag's attribute in the parsed arguments
 _FLAGS = {"cell": "cell", "prefix": "prefix", "hidden": "hidden", "layers": "layers",
-          "embed": "embed_tensor", "head": "head", "nonlinearity": "nonlinearity"}
+          "embed": "embed_tensor", "head": "head", "nonlinearity": "nonlinearity",
+          "recurrent_activation": "recurrent_activation"}
 
 
 def foreign_from_args(args: argparse.Namespace) -> ForeignModel:

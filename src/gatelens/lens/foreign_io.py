@@ -43,6 +43,62 @@ def _check_file(p: Path, what: str) -> None:
         raise GatelensError(f"{p}: empty file, expected {what}")
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+TORCHSCRIPT = ("{p}: a TorchScript archive (torch.jit.save), which gatelens never loads: loading "
+               "one runs its code. Export the weights from a Python you trust with it: "
+               "torch.save(torch.jit.load(FILE).state_dict(), 'weights.pt')")
+
+
+def _onnx_like(head: bytes) -> bool:
+    """ModelProto's first field: ir_version (tag 0x08, a small varint), then another field
+    of ModelProto (producer_name 0x12 … graph 0x3a, opset_import 0x42, ...)."""
+    return (len(head) >= 3 and head[0] == 0x08 and 1 <= head[1] <= 30
+            and head[2] in (0x12, 0x1a, 0x22, 0x28, 0x32, 0x3a, 0x42, 0x4a, 0x72, 0x7a))
+
+
+def sniff(path: PathLike) -> str:
+    """A weights file's format from its first bytes, never from unpickling it:
+    "safetensors", "torch" (a torch.save zip, or the legacy pickle that torch.load reads
+    with weights_only=True), "torchscript", "keras" (a .keras zip), "hdf5", "onnx", or
+    "unknown".
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "weights"
+    >>> torch.save({"w": torch.zeros(2)}, p)
+    >>> sniff(p)
+    'torch'
+    """
+    import zipfile
+
+    p = Path(path)
+    with open(p, "rb") as f:
+        head = f.read(16)
+        starts = []
+        for off in (0, 512, 1024, 2048):  # HDF5 may sit after a user block
+            f.seek(off)
+            starts.append(f.read(8))
+    if HDF5_SIGNATURE in starts:
+        return "hdf5"
+    if zipfile.is_zipfile(p):
+        try:
+            with zipfile.ZipFile(p) as z:
+                names = z.namelist()
+        except zipfile.BadZipFile:
+            return "unknown"
+        if any(n.endswith("constants.pkl") or "/code/" in n for n in names):
+            return "torchscript"
+        if "config.json" in names and "model.weights.h5" in names:
+            return "keras"
+        return "torch" if any(n.endswith("data.pkl") for n in names) else "unknown"
+    if len(head) >= 9:
+        n = int.from_bytes(head[:8], "little")
+        if 0 < n <= p.stat().st_size - 8 and head[8:9] == b"{":
+            return "safetensors"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "torch"
+    return "onnx" if _onnx_like(head) else "unknown"
+
+
 def read_tensors(path: PathLike) -> dict[str, Tensor]:
     """The tensors of a ``.safetensors`` file or a saved state_dict, by name, on the CPU.
 
@@ -56,10 +112,18 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
     """
     p = Path(path)
     suffix = p.suffix.lower()
-    if suffix not in SUFFIXES:
-        raise GatelensError(f"{p}: unknown weights format {suffix or '(no extension)'!r}; "
-                            f"gatelens reads {', '.join(SUFFIXES)}")
+    if suffix and suffix not in SUFFIXES:
+        raise GatelensError(f"{p}: unknown weights format {suffix!r}; "
+                            f"gatelens reads {', '.join(SUFFIXES)}, .onnx, .h5, .keras")
     _check_file(p, "a weights file")
+    kind = sniff(p)
+    if kind == "torchscript":
+        raise GatelensError(TORCHSCRIPT.format(p=p))
+    if not suffix:  # no extension: what the first bytes say
+        if kind not in ("safetensors", "torch"):
+            raise GatelensError(f"{p}: no extension, and its first bytes are not those of a "
+                                f"safetensors or torch.save file ({kind})")
+        suffix = ".safetensors" if kind == "safetensors" else ".pt"
     if suffix == ".safetensors":
         try:
             obj: object = load_file(str(p))
@@ -129,3 +193,20 @@ def read_vocab(path: PathLike) -> list[str]:
             raise GatelensError(f"{p}: character {c!r} appears twice (entries {seen[c]} and {i})")
         seen[c] = i
     return list(obj)
+
+
+def extend_vocab(chars: list[str], rows: int, what: str) -> tuple[list[str], list[str]]:
+    """A vocabulary shorter than the model's input (an embedding's rows, or a one-hot
+    width): the extra indices are named ``<unused k>`` (k the row) and a note says so.
+
+    >>> extend_vocab(list("ab"), 4, "embedding 'emb.weight'")[0]
+    ['a', 'b', '<unused 2>', '<unused 3>']
+    """
+    if rows <= len(chars):
+        return list(chars), []
+    extra = [f"<unused {k}>" for k in range(len(chars), rows)]
+    note = (f"the vocabulary has {len(chars)} characters but {what} has {rows} rows: rows "
+            f"{len(chars)}..{rows - 1} are named {extra[0]}" + (f" … {extra[-1]}" if
+                                                                 len(extra) > 1 else "")
+            + " and never occur in the text (a padding or reserved row)")
+    return list(chars) + extra, [note]

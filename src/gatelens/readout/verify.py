@@ -40,8 +40,8 @@ from gatelens.families.registry import open_family
 from gatelens.readout.trace import State
 from gatelens.readout.trace_types import Trace
 
-__all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "passes", "verify",
-           "verify_call"]
+__all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "merge_results", "passes",
+           "verify", "verify_call"]
 
 #: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
 VERIFY_TOL = 1e-5
@@ -208,6 +208,40 @@ class VerifyResult:
 def _maxes(rows: list[LayerDiff], attr: str) -> float | None:
     vals = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
     return max(vals) if vals else None
+
+
+def _max_or_none(values: list) -> float | None:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def _merge_rows(rows: list[list[LayerDiff]]) -> list[LayerDiff]:
+    """Layer rows of several chunks of windows: each figure the largest."""
+    out = []
+    for same in zip(*rows, strict=True):
+        out.append(LayerDiff(same[0].layer, same[0].reverse, *(
+            _max_or_none([getattr(r, f) for r in same]) for f in (
+                "max_abs_diff_h", "max_abs_diff_c", "max_scaled_diff_c", "max_scaled_diff_h"))))
+    return out
+
+
+def merge_results(results: list[VerifyResult]) -> VerifyResult:
+    """One verdict over several chunks of windows: every figure the largest of the chunks'
+    (each is a max over windows), so it equals the verdict on all windows at once.
+
+    >>> a = VerifyResult("gru", [], 1e-7, None, None, 1e-6)
+    >>> merge_results([a, VerifyResult("gru", [], 3e-7, None, None, 2e-7)]).max_abs_diff_h
+    3e-07
+    """
+    first = results[0]
+    fields = {f: _max_or_none([getattr(r, f) for r in results]) for f in (
+        "one_step_max_abs_diff_h", "one_step_max_abs_diff_c", "one_step_max_scaled_diff_c",
+        "free_running_max_abs_diff_h", "trace_max_abs_diff_h", "trace_max_scaled_diff_c",
+        "one_step_max_scaled_diff_h", "trace_max_scaled_diff_h")}
+    return VerifyResult(cell=first.cell, layers=_merge_rows([r.layers for r in results]),
+                        free_running_layers=_merge_rows([r.free_running_layers
+                                                         for r in results]),
+                        tol=first.tol, meta=dict(first.meta), **fields)
 
 
 def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout | None = None,

@@ -149,6 +149,7 @@ def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
              f"{m['layers']} layer(s), step {m['step']}", "",
              f"Text: {t['windows']} windows × {t['length']} characters from {t['source']}.",
              f"Multi-layer rule: {rep.get('pooling', 'layers pooled')}.", "",
+             *[f"Note: {n}" for n in m.get("notes") or []], *([""] if m.get("notes") else []),
              "## Verification", ""]
     lines += _verification(rep)
     lines += ["", "## Gate distributions", "", *_gates(rep), "",

@@ -1,0 +1,168 @@
+"""Streaming: the per-window measurements accumulated chunk by chunk of windows.
+
+docs/methods.md "Streaming analysis": every figure over windows is a sum, a mean, a count
+or a percentile. The accumulators here keep what each needs and nothing more:
+
+- ``GateStats``: the values of every gate while they fit (``EXACT_LIMIT`` values a gate:
+  the percentiles are then numpy's own, exactly as one shot), else a histogram of
+  ``BINS`` bins over the gate's range, whose percentiles lie within one bin (1.5e-5 on a
+  sigmoid, 3.1e-5 on a tanh) of the exact ones; the mean is always exact;
+- ``UnitStats``: per-unit sums of the keep gate;
+- ``ClassStats``: the mean keep gate of every position, by class of its character.
+
+The perturbation curves, the output reach and the divergence rate keep a few floats a
+window (their ``*_rows`` functions), so their figures equal the one-shot computation.
+
+>>> import torch
+>>> from gatelens.readout.trace_types import Trace
+>>> z = torch.linspace(0, 1, 101).view(1, 101, 1)
+>>> tr = Trace("gru", 1, False, {"layer0.r": z, "layer0.z": z, "layer0.n": z})
+>>> g = GateStats(tr.spec, total=101, exact_limit=10)
+>>> g.update(tr); d = g.result()
+>>> g.method.startswith("histogram"), abs(d.stats["z"]["p25"] - 0.25) < 2e-5
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gatelens.analysis.classes import DEFAULT_CLASSES, CharClasses, default_class
+from gatelens.analysis.common import PERCENTILES, as_numpy64, pooled
+from gatelens.analysis.gates import GateDistributions, distribution
+from gatelens.analysis.units import UnitTimescales, summarize_units
+from gatelens.families.spec import CellSpec
+from gatelens.readout.trace_types import Trace
+
+#: values of one gate kept exactly (32 MB of float32); more go to a histogram
+EXACT_LIMIT = 2**23
+#: histogram bins over a gate's range (docs/methods.md: at least 2^16)
+BINS = 2**16
+
+
+def hist_percentile(counts: np.ndarray, lo: float, hi: float, q: float) -> float:
+    """numpy's linear percentile of the values a histogram counts, each value placed at the
+    middle of its share of its bin: within one bin width of the exact figure.
+
+    >>> c = np.zeros(100, dtype=np.int64); c[[10, 20, 30]] = 1
+    >>> round(hist_percentile(c, 0.0, 1.0, 50), 3), float(np.percentile([.105, .205, .305], 50))
+    (0.205, 0.205)
+    """
+    cum = np.cumsum(counts)
+    n = int(cum[-1])
+    width = (hi - lo) / counts.size
+
+    def value(r: int) -> float:  # the r-th smallest, 0-based
+        b = int(np.searchsorted(cum, r, side="right"))
+        before = int(cum[b - 1]) if b else 0
+        return float(lo + (b + (r - before + 0.5) / counts[b]) * width)
+
+    h = (n - 1) * q / 100.0
+    j = int(math.floor(h))
+    lo_v = value(j)
+    return lo_v if j + 1 >= n else lo_v + (h - j) * (value(j + 1) - lo_v)
+
+
+class GateStats:
+    """Every gate's mean and percentiles over chunks of traces."""
+
+    def __init__(self, spec: CellSpec, total: int, exact_limit: int | None = None) -> None:
+        exact_limit = EXACT_LIMIT if exact_limit is None else exact_limit
+        self.gates = spec.gates
+        self.bounds = {g: spec.bounds.get(g) for g in self.gates}
+        self.exact = total <= exact_limit or any(b is None for b in self.bounds.values())
+        self.values: dict[str, list[np.ndarray]] = {g: [] for g in self.gates}
+        self.counts = {g: np.zeros(BINS, dtype=np.int64) for g in self.gates}
+        self.sums = {g: 0.0 for g in self.gates}
+        self.cell = spec.name
+
+    @property
+    def method(self) -> str:
+        """How the percentiles were computed, in words (report.json "text")."""
+        if self.exact:
+            return "exact (numpy.percentile, linear)"
+        return (f"histogram of {BINS} bins over each gate's range (within one bin of the exact "
+                "value: 1.5e-5 for a sigmoid gate, 3.1e-5 for tanh)")
+
+    def update(self, trace: Trace) -> None:
+        for g in self.gates:
+            x = pooled(trace, g).detach()  # (B, T, U)
+            if self.exact:
+                if x.dtype not in (torch.float32, torch.float64):  # float16 / bfloat16
+                    x = x.float()
+                self.values[g].append(x.to("cpu").numpy().ravel().copy())  # its own dtype
+                continue
+            lo, hi = self.bounds[g]
+            self.sums[g] += float(x.double().sum())
+            idx = ((x.double() - lo) * (BINS / (hi - lo))).long().clamp_(0, BINS - 1)
+            self.counts[g] += torch.bincount(idx.flatten().cpu(), minlength=BINS).numpy()
+
+    def result(self) -> GateDistributions:
+        stats: dict[str, dict[str, float]] = {}
+        for g in self.gates:
+            if self.exact:
+                stats[g] = distribution(np.concatenate(self.values[g]).astype(np.float64))
+                continue
+            lo, hi = self.bounds[g]
+            n = int(self.counts[g].sum())
+            stats[g] = {"mean": self.sums[g] / n, **{
+                f"p{q}": hist_percentile(self.counts[g], lo, hi, q) for q in PERCENTILES}}
+        n_values = None
+        if self.gates:
+            n_values = int(sum(v.size for v in self.values[self.gates[0]])) if self.exact \
+                else int(self.counts[self.gates[0]].sum())
+        return GateDistributions(self.cell, n_values, stats)
+
+
+class UnitStats:
+    """Per-unit sums of the keep gate over chunks (layers pooled)."""
+
+    def __init__(self, spec: CellSpec) -> None:
+        self.gate = spec.keep_gate
+        self.sum: np.ndarray | None = None
+        self.n = 0
+
+    def update(self, trace: Trace) -> None:
+        if self.gate is None:
+            return
+        x = as_numpy64(pooled(trace, self.gate))  # (B, T, U)
+        x = x.reshape(-1, x.shape[-1])
+        part = x.sum(axis=0)  # (U,)
+        self.sum = part if self.sum is None else self.sum + part
+        self.n += x.shape[0]
+
+    def result(self, init_value: float) -> UnitTimescales | None:
+        if self.gate is None or self.sum is None:
+            return None
+        return summarize_units(self.sum / self.n, self.gate, init_value)
+
+
+class ClassStats:
+    """The keep gate's mean over the units at every position, by character class."""
+
+    def __init__(self, spec: CellSpec, chars: list[str]) -> None:
+        self.gate = spec.keep_gate
+        self.label = np.array([default_class(c) for c in chars])  # (V,)
+        self.means: dict[str, list[np.ndarray]] = {c: [] for c in DEFAULT_CLASSES}
+        self.positions = {c: 0 for c in DEFAULT_CLASSES}
+
+    def update(self, trace: Trace, windows: Tensor) -> None:
+        cls = self.label[windows.detach().cpu().numpy()]  # (B, T)
+        for c in DEFAULT_CLASSES:
+            self.positions[c] += int((cls == c).sum())
+        if self.gate is None:
+            return
+        pos_mean = as_numpy64(pooled(trace, self.gate)).mean(axis=-1)  # (B, T)
+        for c in DEFAULT_CLASSES:
+            self.means[c].append(pos_mean[cls == c])
+
+    def result(self) -> CharClasses:
+        if self.gate is None:
+            return CharClasses(None, {c: None for c in DEFAULT_CLASSES}, self.positions)
+        means = {c: float(np.concatenate(v).mean()) if self.positions[c] else None
+                 for c, v in self.means.items()}
+        return CharClasses(self.gate, means, self.positions)

@@ -1,0 +1,199 @@
+"""transformers' Mamba (``MambaModel``, inside ``MambaForCausalLM``; 5.23), and the
+selective-scan cell it shares with mambapy (families/mambapy.py).
+
+Per channel d and state n (METHODS "Modern families"):
+  x, z = in_proj(u);  x̂ = act(conv1d(x))  (causal, depthwise, d_conv taps);
+  Δ, B, C from x_proj(x̂);  Δ = softplus(dt_proj.weight Δ + dt_proj.bias);
+  s_t[d, n] = exp(Δ_t[d] A[d, n]) s_{t−1}[d, n] + Δ_t[d] B_t[n] x̂_t[d],  A = −exp(A_log);
+  y = out_proj((C_t · s_t[d, :] + D[d] x̂_t[d]) ⊙ silu(z)).
+The units are the (d, n) pairs, the keep a = exp(Δ·A). The mixer never calls ``dt_proj`` or
+``conv1d`` as modules (hooks on them never fire), so everything is recomputed from the
+weights. The module's own trajectory: the model run one token at a time with its own cache
+(its recurrent path, ``selective_state_update``), every state after every step; the
+whole-sequence forward (the CPU reference scan) is compared with it (``step_vs_forward``).
+The carried state of the dynamics is, per layer, the convolution's last d_conv − 1 inputs
+(no unit) and s; the input enters s through a window of d_conv positions.
+
+>>> import torch
+>>> from transformers import MambaConfig, MambaModel
+>>> cfg = MambaConfig(vocab_size=7, hidden_size=8, state_size=4, num_hidden_layers=1,
+...                   expand=2, conv_kernel=3, time_step_rank=2)
+>>> fam = HFMambaFamily(MambaModel(cfg))
+>>> call = fam.check(torch.randint(0, 7, (2, 6)))
+>>> fam.one_step(call, fam.reference(call))[0].max_scaled_diff_h < 1e-5
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gatelens.errors import GatelensError
+from gatelens.families.base import Call
+from gatelens.families.official import OfficialFamily, Recorder, buffer_units
+
+_HF = "transformers.models.mamba.modeling_mamba"
+
+
+def hf_check(fam: OfficialFamily, inputs, state) -> Call:
+    """An HF model's call: token ids (B, T) through its embeddings, or inputs_embeds."""
+    if state is not None:
+        raise GatelensError(f"{fam.name}: a cache/state passed in is not supported; the "
+                            "analysis runs from zeros")
+    if isinstance(inputs, Tensor) and inputs.ndim == 2 and not inputs.is_floating_point():
+        with torch.no_grad():
+            emb = fam.module.get_input_embeddings()(inputs)  # (B, T, D)
+        return Call(inputs=emb, layout={"batch_first": True, "ids": inputs})
+    return OfficialFamily.check(fam, inputs)
+
+
+def hf_split(args: tuple, kwargs: dict, state_key: str):
+    """(input_ids or inputs_embeds, the cache/state) of an HF model's forward call."""
+    inputs = args[0] if args else kwargs.get("input_ids")
+    if inputs is None:
+        inputs = kwargs.get("inputs_embeds")
+    return inputs, kwargs.get(state_key)
+
+
+class MambaCell(OfficialFamily):
+    """The selective-scan cell on a mixer with in_proj, conv1d, x_proj, dt_proj, A_log, D,
+    out_proj; subclasses say where the mixers are and how the module steps."""
+
+    cell_name = "mamba"
+    units_name = "(channel, state) pair"
+
+    def mixers(self, m: nn.Module) -> list[nn.Module]:
+        raise NotImplementedError
+
+    @property
+    def _mixer(self) -> nn.Module:
+        return self.mixers(self.module)[0]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.mixers(self.module))
+
+    @property
+    def d_inner(self) -> int:
+        return int(self._mixer.A_log.shape[0])
+
+    @property
+    def d_state(self) -> int:
+        return int(self._mixer.A_log.shape[1])
+
+    @property
+    def d_conv(self) -> int:
+        return int(self._mixer.conv1d.weight.shape[-1])
+
+    @property
+    def hidden_size(self) -> int:
+        return self.d_inner * self.d_state
+
+    def state_units(self, k: int) -> Tensor:
+        return torch.arange(self.hidden_size)
+
+    def part_units(self, k: int) -> list[Tensor]:
+        return [buffer_units(self.d_conv, self.d_inner), self.state_units(k)]
+
+    def input_window(self) -> int:
+        return self.d_conv
+
+    def initial_parts(self, k: int, batch: int) -> list[Tensor]:
+        return [torch.zeros(batch, (self.d_conv - 1) * self.d_inner, dtype=torch.float64),
+                torch.zeros(batch, self.hidden_size, dtype=torch.float64)]
+
+    def _act(self, mixer: nn.Module, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+    def _bcdt(self, mixer: nn.Module, dt: Tensor, B: Tensor, C: Tensor):
+        return dt, B, C
+
+    def step_cell(self, k, m, u, parts, aux):
+        mix = self.mixers(m)[k]
+        Din, N, K = self.d_inner, self.d_state, self.d_conv
+        buf, s = parts
+        x, z = mix.in_proj(u).chunk(2, dim=-1)  # (R, Din) each
+        window = torch.cat([buf.view(-1, K - 1, Din), x[:, None]], dim=1)  # (R, K, Din)
+        w = mix.conv1d.weight[:, 0].T  # (K, Din), tap j on x_{t−K+1+j}
+        xc = (window * w).sum(dim=1)
+        if mix.conv1d.bias is not None:
+            xc = xc + mix.conv1d.bias
+        xc = self._act(mix, xc)  # (R, Din)
+        rank = mix.dt_proj.weight.shape[1]
+        dt, B, C = torch.split(mix.x_proj(xc), [rank, N, N], dim=-1)
+        dt, B, C = self._bcdt(mix, dt, B, C)
+        delta = F.softplus(dt @ mix.dt_proj.weight.T + mix.dt_proj.bias)  # (R, Din)
+        A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (Din, N): both packages take it in float32
+        a = torch.exp(delta[..., None] * A)  # (R, Din, N)
+        s_new = a * s.view(-1, Din, N) + delta[..., None] * B[:, None, :] * xc[..., None]
+        y = (s_new @ C[..., None])[..., 0] + mix.D * xc  # (R, Din)
+        y = mix.out_proj(y * F.silu(z))
+        new = [window[:, 1:].reshape(-1, (K - 1) * Din), s_new.reshape(-1, Din * N)]
+        return {"delta": delta, "a": a.reshape(-1, Din * N)}, new, y
+
+    def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
+        return parts[1]
+
+
+class HFMambaFamily(MambaCell):
+    """transformers' ``MambaModel`` (``MambaForCausalLM.backbone``)."""
+
+    name = "hf-mamba"
+    opens_what = "transformers' MambaModel / MambaForCausalLM (Mamba-1)"
+
+    @classmethod
+    def opens(cls, module: nn.Module) -> bool:
+        return type(module).__module__ == _HF and type(module).__name__ == "MambaModel"
+
+    def mixers(self, m: nn.Module) -> list[nn.Module]:
+        return [block.mixer for block in m.layers]
+
+    def _act(self, mixer, x):
+        return mixer.act(x)
+
+    def split_call(self, args, kwargs):
+        return hf_split(args, kwargs, "cache_params")
+
+    def check(self, inputs, state=None) -> Call:
+        return hf_check(self, inputs, state)
+
+    def _forward(self, call: Call) -> Tensor:
+        return self.module(inputs_embeds=call.inputs, use_cache=False).last_hidden_state
+
+    def _trajectory(self, call: Call) -> dict:
+        from transformers import DynamicCache
+
+        L, K = self.num_layers, self.d_conv
+        mods = {f"block{k}": b for k, b in enumerate(self.module.layers)}
+        mods.update({f"mixer{k}": b.mixer for k, b in enumerate(self.module.layers)})
+        cache = DynamicCache(config=self.module.config)
+        states: list[list[Tensor]] = [[] for _ in range(L)]
+        convs: list[list[Tensor]] = [[] for _ in range(L)]
+        outs = []
+        with Recorder(mods) as rec:
+            for t in range(call.length):
+                out = self.module(inputs_embeds=call.inputs[:, t : t + 1], cache_params=cache,
+                                  use_cache=True)
+                outs.append(out.last_hidden_state)
+                for k in range(L):
+                    s = cache.get_recurrent_state(k)  # (B, Din, N)
+                    conv = cache.get_conv_state(k)[..., -(K - 1):]  # (B, Din, K − 1)
+                    states[k].append(s.reshape(s.shape[0], 1, -1).clone())
+                    convs[k].append(conv.transpose(1, 2).reshape(s.shape[0], 1, -1).clone())
+        x = [rec.stacked(f"block{k}") for k in range(L)]
+        xo = [rec.stacked(f"block{k}", outputs=True) for k in range(L)]
+        return {"x": x, "u": [rec.stacked(f"mixer{k}") for k in range(L)],
+                "y": [rec.stacked(f"mixer{k}", outputs=True) for k in range(L)], "xo": xo,
+                "parts": [[torch.cat(convs[k], 1), torch.cat(states[k], 1)] for k in range(L)],
+                "aux": [None] * L, "output": torch.cat(outs, dim=1)}
+
+    def pre(self, k, m, x):
+        return m.layers[k].norm(x)
+
+    def post(self, k, m, x, y):
+        return x + y
+
+    def final(self, m, x):
+        return m.norm_f(x)

@@ -1,0 +1,104 @@
+"""transformers' Mamba-2 (``Mamba2Model``, inside ``Mamba2ForCausalLM``; 5.23).
+
+The mixer: g, xBC, δ = in_proj(u) (split intermediate, conv_dim, heads); xBC ← act(causal
+depthwise conv(xBC)), split into x (heads × head_dim), B and C (groups × state); per head h
+(group h // (heads / groups)):
+  Δ_h = softplus(δ_h + dt_bias_h),  a_h = exp(Δ_h A_h),  A = −exp(A_log)  (one per head);
+  s_t[h] = a_h s_{t−1}[h] + Δ_h x_t[h] ⊗ B_t[g]   (head_dim × state);
+  y = out_proj(GatedRMSNorm((s_t[h] C_t[g] + D_h x_t[h]), gate g)).
+One decay per head for all head_dim × state entries of its state: the units are the heads.
+The module's own trajectory: the model run one token at a time with its cache (its
+recurrent ``mamba2_selective_state_update``, which takes no ``time_step_limit`` clamp, so
+the family takes none), against the chunked whole-sequence scan (``step_vs_forward``).
+The input enters s through the convolution's window of d_conv positions.
+
+>>> import torch
+>>> from transformers import Mamba2Config, Mamba2Model
+>>> cfg = Mamba2Config(vocab_size=7, hidden_size=8, state_size=4, num_heads=2, head_dim=8,
+...                    expand=2, n_groups=1, conv_kernel=3, num_hidden_layers=1, chunk_size=4)
+>>> fam = HFMamba2Family(Mamba2Model(cfg))
+>>> call = fam.check(torch.randint(0, 7, (2, 6)))
+>>> fam.one_step(call, fam.reference(call))[0].max_scaled_diff_h < 1e-5
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gatelens.families.hf_mamba import HFMambaFamily
+from gatelens.families.official import buffer_units
+
+_HF = "transformers.models.mamba2.modeling_mamba2"
+
+
+class HFMamba2Family(HFMambaFamily):
+    """transformers' ``Mamba2Model`` (``Mamba2ForCausalLM.backbone``)."""
+
+    name = "hf-mamba2"
+    opens_what = "transformers' Mamba2Model / Mamba2ForCausalLM (Mamba-2)"
+    cell_name = "mamba2"
+    units_name = "head"
+
+    @classmethod
+    def opens(cls, module: nn.Module) -> bool:
+        return type(module).__module__ == _HF and type(module).__name__ == "Mamba2Model"
+
+    @property
+    def heads(self) -> int:
+        return int(self._mixer.num_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return int(self._mixer.head_dim)
+
+    @property
+    def d_state(self) -> int:
+        return int(self._mixer.ssm_state_size)
+
+    @property
+    def conv_dim(self) -> int:
+        return int(self._mixer.conv_dim)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.heads
+
+    def state_units(self, k: int) -> Tensor:
+        return torch.arange(self.heads).repeat_interleave(self.head_dim * self.d_state)
+
+    def part_units(self, k: int) -> list[Tensor]:
+        return [buffer_units(self.d_conv, self.conv_dim), self.state_units(k)]
+
+    def initial_parts(self, k: int, batch: int) -> list[Tensor]:
+        S = self.heads * self.head_dim * self.d_state
+        return [torch.zeros(batch, (self.d_conv - 1) * self.conv_dim, dtype=torch.float64),
+                torch.zeros(batch, S, dtype=torch.float64)]
+
+    def step_cell(self, k, m, u, parts, aux):
+        mix = self.mixers(m)[k]
+        NH, P, N, K, G = self.heads, self.head_dim, self.d_state, self.d_conv, mix.n_groups
+        inner, cd = mix.intermediate_size, self.conv_dim
+        buf, s = parts
+        gate, xbc, dt = mix.in_proj(u).split([inner, cd, NH], dim=-1)
+        window = torch.cat([buf.view(-1, K - 1, cd), xbc[:, None]], dim=1)  # (R, K, conv_dim)
+        xc = (window * mix.conv1d.weight[:, 0].T).sum(dim=1)
+        if mix.conv1d.bias is not None:
+            xc = xc + mix.conv1d.bias
+        xc = mix.act(xc)
+        x, B, C = torch.split(xc, [inner, G * N, G * N], dim=-1)
+        delta = F.softplus(dt + mix.dt_bias)  # (R, NH)
+        A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (NH,), taken in float32 as HF does
+        a = torch.exp(delta * A)  # (R, NH): the head's keep
+        rep = NH // G
+        Bh = B.view(-1, G, N).repeat_interleave(rep, dim=1)  # (R, NH, N)
+        Ch = C.view(-1, G, N).repeat_interleave(rep, dim=1)
+        xh = x.view(-1, NH, P)
+        s_new = a[..., None, None] * s.view(-1, NH, P, N) + (
+            delta[..., None, None] * xh[..., None] * Bh[:, :, None, :])  # (R, NH, P, N)
+        y = (s_new @ Ch[..., None])[..., 0] + mix.D[:, None] * xh  # (R, NH, P)
+        y = mix.out_proj(mix.norm(y.reshape(-1, inner), gate))
+        new = [window[:, 1:].reshape(-1, (K - 1) * cd), s_new.reshape(-1, NH * P * N)]
+        return {"delta": delta, "a": a}, new, y

@@ -1,0 +1,165 @@
+"""transformers' RWKV-4 (``RwkvModel``, inside ``RwkvForCausalLM``; 5.23).
+
+Block k (layer 0 first applies ``pre_ln``): a = ln1(x), with the token shift a_{t−1}:
+  k_t = W_k (μ_k a_t + (1 − μ_k) a_{t−1}), v_t and r_t = σ(W_r ·) likewise;
+  wkv_t = (num_{t−1} + e^{u + k_t} v_t) / (den_{t−1} + e^{u + k_t}),  u = time_first;
+  num_t = e^{−w} num_{t−1} + e^{k_t} v_t,  den_t = e^{−w} den_{t−1} + e^{k_t},  w = exp(time_decay);
+  x ← x + W_o (r ⊙ wkv);  then the channel mix with its own token shift of ln2(x).
+Per channel the carried state is the PAIR (num, den) (METHODS), kept by the package in a
+max-shifted form (num·e^{−p}, den·e^{−p}, p) and brought back here to one scale,
+(num, den) = e^{p}·(its num, its den); the keep is e^{−w}, constant in time. The ratio
+num/den (``wkv``, what the layer reads out) is not the carried state: its own mixing
+factor e^{−w} den_{t−1}/den_t reads den, so it has a return path even inside one layer.
+The input enters (num, den) through the token shift: a window of 2 positions.
+
+The module's own trajectory: the model run one token at a time with ``state`` passed along
+(its recurrent path), every state after every step, one window at a time: in transformers
+5.23 a one-token call with a state and a batch of B > 1 broadcasts the token shift to
+(B, B, C) (``extract_key_value``: the shifted (B, C) against hidden (B, 1, C)), so a batch is
+stepped window by window. transformers 5.23 cannot build a 1-layer
+RWKV (``_init_weights`` divides by num_hidden_layers − 1); tests build two layers.
+
+>>> import torch
+>>> from transformers import RwkvConfig, RwkvModel
+>>> cfg = RwkvConfig(vocab_size=7, hidden_size=8, num_hidden_layers=2, context_length=16,
+...                  attention_hidden_size=8, intermediate_size=16)
+>>> fam = HFRwkvFamily(RwkvModel(cfg))
+>>> call = fam.check(torch.randint(0, 7, (2, 6)))
+>>> max(d.max_scaled_diff_h for d in fam.one_step(call, fam.reference(call))) < 1e-5
+True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gatelens.families.base import Call
+from gatelens.families.hf_mamba import hf_check, hf_split
+from gatelens.families.official import OfficialFamily, Recorder
+
+_HF = "transformers.models.rwkv.modeling_rwkv"
+
+
+class HFRwkvFamily(OfficialFamily):
+    """transformers' ``RwkvModel`` (``RwkvForCausalLM.rwkv``)."""
+
+    name = "hf-rwkv"
+    opens_what = "transformers' RwkvModel / RwkvForCausalLM (RWKV-4)"
+    cell_name = "rwkv4"
+
+    @classmethod
+    def opens(cls, module: nn.Module) -> bool:
+        return type(module).__module__ == _HF and type(module).__name__ == "RwkvModel"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.module.blocks)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.module.blocks[0].attention.time_decay.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.module.config.hidden_size)
+
+    def state_units(self, k: int) -> Tensor:
+        return torch.arange(self.hidden_size).repeat(2)  # num then den
+
+    def part_units(self, k: int) -> list[Tensor]:
+        none = torch.full((self.width,), -1, dtype=torch.int64)
+        units = torch.arange(self.hidden_size)
+        return [none, units, units, none]  # token shift, num, den, channel-mix shift
+
+    def input_window(self) -> int:
+        return 2
+
+    def split_call(self, args, kwargs):
+        return hf_split(args, kwargs, "state")
+
+    def check(self, inputs, state=None) -> Call:
+        return hf_check(self, inputs, state)
+
+    def _forward(self, call: Call) -> Tensor:
+        return self.module(inputs_embeds=call.inputs, use_cache=False).last_hidden_state
+
+    def _trajectory(self, call: Call) -> dict:
+        L = self.num_layers
+        mods = {f"block{k}": b for k, b in enumerate(self.module.blocks)}
+        B, T, outs = call.batch, call.length, []
+        parts: list[list[list[Tensor]]] = [[[] for _ in range(4)] for _ in range(L)]
+        with Recorder(mods) as rec:
+            for b in range(B):  # one window at a time: see the module docstring
+                state = None
+                for t in range(T):
+                    out = self.module(inputs_embeds=call.inputs[b : b + 1, t : t + 1],
+                                      state=state, use_cache=True)
+                    state = out.state  # ffn_x, att_x, num, den, p: (1, C, L) each
+                    outs.append(out.last_hidden_state)
+                    for k in range(L):
+                        scale = torch.exp(state[4][:, :, k].double())  # back from the shift
+                        vals = (state[1][:, :, k], state[2][:, :, k].double() * scale,
+                                state[3][:, :, k].double() * scale, state[0][:, :, k])
+                        for j, v in enumerate(vals):
+                            parts[k][j].append(v.double().clone())
+
+        def seq(ts: list[Tensor]) -> Tensor:  # calls row by row, then step by step
+            return torch.cat(ts, dim=0).reshape(B, T, -1)
+
+        rec_x = {n: rec.stacked(n).reshape(B, T, -1) for n in mods}
+        rec_y = {n: rec.stacked(n, outputs=True).reshape(B, T, -1) for n in mods}
+        x = [rec_x[f"block{k}"] for k in range(L)]
+        y = [rec_y[f"block{k}"] for k in range(L)]
+        xo = [self.post(k, self.module, x[k], y[k]) for k in range(L)]
+        return {"x": x, "u": x, "y": y, "xo": xo,
+                "parts": [[seq(p) for p in parts[k]] for k in range(L)],
+                "aux": [None] * L, "output": seq(outs)}
+
+    def initial_parts(self, k: int, batch: int) -> list[Tensor]:
+        C, Ca = self.width, self.hidden_size
+        z = torch.zeros
+        return [z(batch, C, dtype=torch.float64), z(batch, Ca, dtype=torch.float64),
+                z(batch, Ca, dtype=torch.float64), z(batch, C, dtype=torch.float64)]
+
+    def step_cell(self, k, m, u, parts, aux):
+        blk = m.blocks[k]
+        att, ffn = blk.attention, blk.feed_forward
+        a_prev, num, den, f_prev = parts
+        h = blk.pre_ln(u) if k == 0 else u
+        a = blk.ln1(h)  # (R, C)
+
+        def mix(cur, prev, mu):
+            mu = mu.reshape(-1)
+            return cur * mu + prev * (1 - mu)
+
+        key = att.key(mix(a, a_prev, att.time_mix_key))  # (R, Ca)
+        value = att.value(mix(a, a_prev, att.time_mix_value))
+        r = torch.sigmoid(att.receptance(mix(a, a_prev, att.time_mix_receptance)))
+        keep = torch.exp(-torch.exp(att.time_decay)).expand_as(key)  # e^{−w}
+        bonus = torch.exp(att.time_first + key)
+        wkv = (num + bonus * value) / (den + bonus)
+        ek = torch.exp(key)
+        num_new, den_new = keep * num + ek * value, keep * den + ek
+        h = h + att.output(r * wkv)
+        f = blk.ln2(h)
+        fk = torch.square(torch.relu(ffn.key(mix(f, f_prev, ffn.time_mix_key))))
+        fr = torch.sigmoid(ffn.receptance(mix(f, f_prev, ffn.time_mix_receptance)))
+        y = h + fr * ffn.value(fk)
+        sig = {"r": r, "k": key, "v": value, "keep": keep, "wkv": wkv}
+        return sig, [a, num_new, den_new, f], y
+
+    def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
+        return torch.cat([parts[1], parts[2]], dim=-1)  # (R, 2 Ca): num, den
+
+    def pre(self, k, m, x):
+        return x
+
+    def post(self, k, m, x, y):
+        every = m.config.rescale_every
+        if getattr(m, "layers_are_rescaled", False) and every > 0 and (k + 1) % every == 0:
+            return y / 2  # the model halves the hidden state every rescale_every blocks
+        return y
+
+    def final(self, m, x):
+        return m.ln_out(x)

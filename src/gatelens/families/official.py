@@ -1,0 +1,345 @@
+"""The shared machinery of the official implementations' families (xlstm, mingru-pytorch,
+transformers' Mamba / Mamba-2 / RWKV, mambapy): a stack of blocks, each around one
+recurrent cell, read from the module's own weights on the module's own trajectory.
+
+A family here describes its module by a few pieces, each in the module's own terms:
+
+- ``_trajectory(call)``: the module's own computation, step by step where its
+  whole-sequence forward hides the states (the package's own ``step`` / cache path, as
+  METHODS takes the LSTM's c from PyTorch run one step at a time): per layer the block's
+  input ``x``, the cell's input ``u`` and output ``y``, the block's output ``xo``, and the
+  carried state after every step in the *dynamic form* (``parts``: a scale invariant under
+  any stabiliser, e.g. RWKV's (num, den) brought back from the max-shifted form) and any
+  ``aux`` a step reads from the trajectory (a stabiliser that only enters through an eps);
+- ``step_cell(k, m, u, parts, aux)``: the hand cell of layer k in float64 on the weights of
+  ``m`` (a float64 copy of the module): its signals, the new parts and the cell's output;
+- ``pre``/``post``/``final``: the block around the cell (norms, residuals, feed-forward);
+- ``state_of(k, parts)``: the carried state s of METHODS "Modern families".
+
+From these the base gives every method of ``Family``: the anchored read-out (each step fed
+the trajectory's state at t − 1, all steps at once), the one-step check (state, output and
+every link between layers against the module's own values, judged on the unit's scale as
+``verify_modern``), the free-running re-run and the float64 dynamics of the whole stack.
+
+>>> [round(d, 4) for d in scaled_diff(torch.tensor([[[2.0], [4.0]]]),
+...                                   torch.tensor([[[2.0], [4.4]]]))]
+[0.4, 0.0909]
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gatelens.errors import GatelensError
+from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
+from gatelens.families.spec import cell_spec, gate_names
+
+__all__ = ["OfficialFamily", "Recorder", "scaled_diff", "output_logits"]
+
+
+def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
+    """(max |got − ref|, the same divided by each unit's largest |ref| in the window, at
+    least 1): the rule ``verify_modern`` judges unbounded states by. (B, T, ·) each."""
+    if not ref.numel():
+        return 0.0, 0.0
+    diff = (got.double() - ref.double()).abs()
+    scale = ref.double().abs().amax(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1, ·)
+    return float(diff.max()), float((diff / scale).max())
+
+
+def output_logits(output: Any) -> Tensor | None:
+    """The logits of a model's output: a Tensor, a tuple's first Tensor, or an HF
+    ModelOutput's ``.logits`` (else its ``last_hidden_state``).
+
+    >>> output_logits((torch.ones(1, 2, 3), None)).shape
+    torch.Size([1, 2, 3])
+    """
+    if isinstance(output, Tensor):
+        return output
+    for key in ("logits", "last_hidden_state"):
+        value = getattr(output, key, None)
+        if isinstance(value, Tensor):
+            return value
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    return None
+
+
+class Recorder:
+    """Forward hooks that keep what each of some modules received (its first argument)
+    and returned (its first output), call by call, so a step-by-step run can be stacked."""
+
+    def __init__(self, modules: dict[str, nn.Module]) -> None:
+        self.modules = modules
+        self.inputs: dict[str, list[Tensor]] = {n: [] for n in modules}
+        self.outputs: dict[str, list[Tensor]] = {n: [] for n in modules}
+        self._handles: list = []
+
+    def __enter__(self) -> Recorder:
+        for name, mod in self.modules.items():
+            self._handles.append(mod.register_forward_hook(self._hook(name), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _hook(self, name: str):
+        def hook(mod, args, kwargs, out):
+            first = args[0] if args else next(iter(kwargs.values()))
+            self.inputs[name].append(first.detach().clone())
+            res = out[0] if isinstance(out, (tuple, list)) else out
+            self.outputs[name].append(res.detach().clone())
+        return hook
+
+    def stacked(self, name: str, outputs: bool = False) -> Tensor:
+        """The calls' tensors of ``name`` joined along time, (B, T, ·)."""
+        seq = (self.outputs if outputs else self.inputs)[name]
+        return torch.cat(seq, dim=1)
+
+
+class OfficialFamily(Family, abc.ABC):
+    """A stack of blocks around one recurrent cell each (see the module docstring)."""
+
+    #: the trace cell name in ``families.spec.CELLS``
+    cell_name: str = ""
+    #: whether a step reads ``aux`` from the module's trajectory (xlstm's stabiliser m)
+    uses_aux: bool = False
+
+    # ---- facts ---------------------------------------------------------------------
+    @property
+    def spec(self):
+        return cell_spec(self.cell_name)
+
+    def names(self) -> list[str]:
+        return gate_names(self.cell_name, self.num_layers)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "implementation": type(self.module).__module__ + "."
+                + type(self.module).__qualname__, "units": self.units_name}
+
+    #: what one unit is, in words (a channel, a (channel, state) pair, a head)
+    units_name: str = "channel"
+
+    @abc.abstractmethod
+    def state_units(self, k: int) -> Tensor:
+        """(S,) int64: the unit (0 … H − 1) of layer k each carried-state coordinate
+        belongs to, so the keep gate (B, T, H) is ``keep[..., state_units]`` on s."""
+
+    #: positions the layer's input enters the carried state through (METHODS "Window of
+    #: the input path": 1 for minGRU/minLSTM, 2 for RWKV's token shift, d_conv for Mamba)
+    def input_window(self) -> int:
+        return 1
+
+    # ---- the pieces a family gives -------------------------------------------------
+    @abc.abstractmethod
+    def _forward(self, call: Call) -> Tensor:
+        """The module's own whole-sequence forward on the call, its output tensor."""
+
+    @abc.abstractmethod
+    def _trajectory(self, call: Call) -> dict:
+        """The module's own run: {"x", "u", "y", "xo", "parts", "aux", "output"} (module
+        docstring), lists per layer of (B, T, ·) tensors; ``parts`` a list per layer."""
+
+    @abc.abstractmethod
+    def initial_parts(self, k: int, batch: int) -> list[Tensor]:
+        """The dynamic parts of layer k before the first step (the zero state), float64."""
+
+    @abc.abstractmethod
+    def step_cell(self, k: int, m: nn.Module, u: Tensor, parts: list[Tensor],
+             aux: Tensor | None) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
+        """One step of layer k's hand cell, batched over N rows: (signals, parts', y)."""
+
+    @abc.abstractmethod
+    def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
+        """The carried state s (N, S) of layer k from its dynamic parts."""
+
+    def part_units(self, k: int) -> list[Tensor]:
+        """Per dynamic part, the unit of each coordinate (−1: a buffer, no unit); by
+        default every part is the state s itself."""
+        return [self.state_units(k)]
+
+    @abc.abstractmethod
+    def pre(self, k: int, m: nn.Module, x: Tensor) -> Tensor:
+        """The cell's input from the block's input."""
+
+    @abc.abstractmethod
+    def post(self, k: int, m: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+        """The block's output from its input and the cell's output."""
+
+    def final(self, m: nn.Module, x: Tensor) -> Tensor:
+        """The module's output from the top block's output (a final norm, a head)."""
+        return x
+
+    # ---- a call ------------------------------------------------------------------
+    def check(self, inputs: Any, state: Any = None) -> Call:
+        if state is not None:
+            raise GatelensError(f"{self.name}: an initial state is not supported (got "
+                                f"{type(state).__name__}); the analysis runs from zeros")
+        if not isinstance(inputs, Tensor) or inputs.ndim != 3 or not inputs.is_floating_point():
+            got = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+            raise GatelensError(f"{self.name}: inputs must be a float tensor (B, T, F); got {got}")
+        return Call(inputs=inputs, layout={"batch_first": True})
+
+    # ---- the module's own trajectory -----------------------------------------------
+    def float64(self) -> nn.Module:
+        """A float64 copy of the module (made once), for the hand cell and the dynamics."""
+        cached = self.__dict__.get("_m64")
+        if cached is None or cached[0] != self._weights_version():
+            m = copy.deepcopy(self.module).double().eval().requires_grad_(False)
+            cached = (self._weights_version(), m)
+            self.__dict__["_m64"] = cached
+        return cached[1]
+
+    def _weights_version(self) -> Any:
+        # a fresh copy whenever any parameter was replaced or changed in place
+        return tuple((id(p), p._version) for p in self.module.parameters())
+
+    def reference(self, call: Call) -> Reference:
+        was = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                output = self._forward(call)
+                tr = self._trajectory(call)
+        finally:
+            self.module.train(was)
+        L, B = self.num_layers, call.batch
+        states, inputs, initial = {}, {}, {}
+        for k in range(L):
+            after = [p.double() for p in tr["parts"][k]]  # (B, T, n_i) each
+            flat = [p.reshape(-1, p.shape[-1]) for p in after]
+            s = self.state_of(k, flat).reshape(B, call.length, -1)  # (B, T, S)
+            states[f"layer{k}.{self.spec.state}"] = s.to(call.inputs.dtype)
+            states[f"layer{k}.y"] = tr["y"][k]
+            inputs[f"layer{k}"] = tr["u"][k]
+            initial[f"layer{k}"] = tuple(self.initial_parts(k, B))
+        extra = {"x": tr["x"], "xo": tr["xo"], "parts": tr["parts"], "aux": tr["aux"],
+                 "step_output": tr["output"],
+                 "step_vs_forward": scaled_diff(tr["output"], output)}
+        return Reference(states=states, inputs=inputs, initial=initial, output=output,
+                         final=None, extra=extra)
+
+    def _previous(self, k: int, ref: Reference) -> list[Tensor]:
+        """Layer k's parts before each step t (the initial state at t = 0), (B, T, n_i)."""
+        init = ref.initial[f"layer{k}"]
+        return [torch.cat([i0.to(p)[:, None], p[:, :-1].double()], dim=1)
+                for i0, p in zip(init, ref.extra["parts"][k], strict=True)]
+
+    # ---- read-outs and checks -------------------------------------------------------
+    def read(self, call: Call, ref: Reference) -> Readout:
+        m, B, T = self.float64(), call.batch, call.length
+        signals, dtype = {}, call.inputs.dtype
+        with torch.no_grad():
+            for k in range(self.num_layers):
+                prev = [p.reshape(B * T, -1) for p in self._previous(k, ref)]
+                u = ref.inputs[f"layer{k}"].double().reshape(B * T, -1)
+                aux = ref.extra["aux"][k]
+                aux = None if aux is None else aux.double().reshape(B * T, -1)
+                sig, new, y = self.step_cell(k, m, u, prev, aux)
+                sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
+                for letter in self.spec.signals:
+                    signals[f"layer{k}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
+        return Readout(signals=signals, meta={"method": "anchored", "family": self.name})
+
+    def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
+        rows = []
+        for k in range(self.num_layers):
+            worst = (0.0, 0.0)
+            for letter in (self.spec.state, "y"):
+                name = f"layer{k}.{letter}"
+                d = scaled_diff(readout.signals[name], ref.states[name])
+                worst = (max(worst[0], d[0]), max(worst[1], d[1]))
+            rows.append(LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1]))
+        return rows
+
+    def links(self, ref: Reference) -> list[tuple[float, float]]:
+        """Per layer, the block around the cell against the module: pre(x_k) against the
+        cell's input u_k, post(x_k, y_k) against the block's output (and the top block's
+        output through ``final`` against the module's step-by-step output)."""
+        m, out = self.float64(), []
+        with torch.no_grad():
+            for k in range(self.num_layers):
+                x, u = ref.extra["x"][k].double(), ref.inputs[f"layer{k}"]
+                y, xo = ref.states[f"layer{k}.y"].double(), ref.extra["xo"][k]
+                ds = [scaled_diff(self.pre(k, m, x), u), scaled_diff(self.post(k, m, x, y), xo)]
+                if k == self.num_layers - 1:
+                    ds.append(scaled_diff(self.final(m, xo.double()), ref.extra["step_output"]))
+                out.append((max(d[0] for d in ds), max(d[1] for d in ds)))
+        return out
+
+    def one_step(self, call: Call, ref: Reference) -> list[LayerDiff]:
+        rows = self.judge(self.read(call, ref), ref)
+        return [LayerDiff(r.layer, False, max(r.max_abs_diff_h, a), None,
+                          max_scaled_diff_h=max(r.max_scaled_diff_h, s))
+                for r, (a, s) in zip(rows, self.links(ref), strict=True)]
+
+    def rerun(self, call: Call) -> Readout:
+        L = self.num_layers
+        aux_all = self.reference(call).extra["aux"] if self.uses_aux else [None] * L
+        m, B, dtype = self.float64(), call.batch, call.inputs.dtype
+        parts = [self.initial_parts(k, B) for k in range(self.num_layers)]
+        seq: dict[str, list[Tensor]] = {}
+        with torch.no_grad():
+            for t in range(call.length):
+                x = call.inputs[:, t].double()
+                for k in range(self.num_layers):
+                    aux = aux_all[k]
+                    aux = None if aux is None else aux[:, t].double()
+                    u = self.pre(k, m, x)
+                    sig, parts[k], y = self.step_cell(k, m, u, parts[k], aux)
+                    sig = {**sig, self.spec.state: self.state_of(k, parts[k]), "y": y}
+                    x = self.post(k, m, x, y)
+                    for letter in self.spec.signals:
+                        seq.setdefault(f"layer{k}.{letter}", []).append(sig[letter])
+        signals = {n: torch.stack(v, dim=1).to(dtype) for n, v in seq.items()}
+        return Readout(signals={n: signals[n] for n in self.names()},
+                       meta={"method": "free-running", "family": self.name})
+
+    # ---- the dynamics ----------------------------------------------------------------
+    def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
+        m, L, H = self.float64(), self.num_layers, self.hidden_size
+        counts = [len(self.initial_parts(k, 1)) for k in range(L)]
+        aux = [ref.extra["aux"][k] for k in range(L)]
+        widths = [0 if a is None else a.shape[-1] for a in aux]
+        F0 = call.inputs.shape[-1]
+        packed = torch.cat([call.inputs.double()] + [a.double() for a in aux if a is not None],
+                           dim=-1)  # (B, T, F0 + Σ aux)
+
+        def step(x: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
+            h, off, pos, out = x[:, :F0], F0, 0, []
+            for k in range(L):
+                a = None if not widths[k] else x[:, off : off + widths[k]]
+                off += widths[k]
+                own = list(parts[pos : pos + counts[k]])
+                pos += counts[k]
+                _, new, y = self.step_cell(k, m, self.pre(k, m, h), own, a)
+                h = self.post(k, m, h, y)
+                out += new
+            return out
+
+        trajectory = [p.double() for k in range(L) for p in ref.extra["parts"][k]]
+        initial = [p for k in range(L) for p in self.initial_parts(k, call.batch)]
+        units = torch.cat([torch.where(u >= 0, u + k * H, u) for k in range(L)
+                           for u in self.part_units(k)])
+        return [Dynamics(step=step, inputs=packed, trajectory=trajectory, initial=initial,
+                         order=list(range(call.length)), units=units)]
+
+
+def conv_buffer(seq: Tensor, width: int) -> Tensor:
+    """The last ``width`` − 1 rows of a causal convolution's input after each step, zeros
+    before the start: (B, T, F) -> (B, T, (width − 1)·F), oldest first."""
+    B, T, F = seq.shape
+    pad = torch.cat([seq.new_zeros(B, width - 1, F), seq], dim=1)  # (B, T + w − 1, F)
+    return torch.cat([pad[:, j + 1 : j + 1 + T] for j in range(width - 1)], dim=-1)
+
+
+def buffer_units(width: int, channels: int) -> Tensor:
+    """``part_units`` of a convolution buffer: no unit (−1)."""
+    return torch.full(((width - 1) * channels,), -1, dtype=torch.int64)

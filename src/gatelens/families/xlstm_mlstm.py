@@ -1,0 +1,135 @@
+"""NX-AI's ``xlstm`` (2.0.6): an ``xLSTMBlockStack`` of mLSTM blocks (also inside
+``xLSTMLMModel``), its matrix memory replayed step by step.
+
+The layer (``mLSTMLayer``): x_m, z = proj_up(u); x̂ = silu(causal conv(x_m)); q, k = the
+head-wise projections of x̂, v of x_m; the gate pre-activations ĩ, f̃ (one per head) from
+``igate``/``fgate`` (``nn.Linear``) on [q, k, v]. Per head the package's recurrent form
+(``recurrent_step_stabilized_simple``), with k̄ = k/√d:
+  m' = max(ln σ(f̃) + m, ĩ),  C' = f C + i v k̄ᵀ (stored k̄ vᵀ),  n' = f n + i k̄,
+  h̃ = (qᵀ C') / (max(|qᵀ n'|, e^{−m'}) + ε),  f = e^{ln σ(f̃) + m − m'}, i = e^{ĩ − m'};
+then h = GroupNorm per head(h̃) + skip ⊙ x̂, times silu(z), and ``proj_down``.
+The carried state here is the memory in the raw scale, C̄ = e^{m} C and n̄ = e^{m} n,
+which no stabiliser touches: C̄' = σ(f̃) C̄ + e^{ĩ} k̄ vᵀ, n̄' = σ(f̃) n̄ + e^{ĩ} k̄, and
+h̃ = qᵀ C̄' / (max(|qᵀ n̄'|, 1) + ε e^{m'}); so the keep factor is the head's raw σ(f̃), one per
+head for all of its d² + d memory entries (units: the heads). m enters only through ε; the
+read-out and the dynamics take it from the module's own trajectory (``aux``), so it is no
+direction of the dynamics. The trace's i is the stabilised e^{ĩ − m'}.
+
+The module's own trajectory: the stack's ``step`` path (``mLSTMLayer.step``, whose memory
+starts at C = n = 0 with m = 0, as the package writes it); its parallel forward normalises by
+the row-wise maximum instead, so the two part where |qᵀ n| < e^{−m} (``step_vs_forward``).
+xlstm initialises the gate weights at zero: ``tiny_mlstm_stack`` randomises them.
+
+>>> import torch
+>>> fam = XLSTMMLSTMFamily(tiny_mlstm_stack())
+>>> call = fam.check(torch.randn(2, 6, 8))
+>>> max(d.max_scaled_diff_h for d in fam.one_step(call, fam.reference(call))) < 1e-5
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from gatelens.families.official import buffer_units
+from gatelens.families.xlstm_slstm import XLSTMStack
+
+EPS = 1e-6  # the package's ε in recurrent_step_stabilized_simple
+
+
+def tiny_mlstm_stack(dim: int = 8, blocks: int = 1, heads: int = 2, conv: int = 2,
+                     context: int = 32) -> nn.Module:
+    """A small random xLSTMBlockStack of mLSTM blocks with its gate weights randomised
+    (xlstm initialises them at zero)."""
+    from xlstm import mLSTMBlockConfig, mLSTMLayerConfig, xLSTMBlockStack, xLSTMBlockStackConfig
+
+    layer = mLSTMLayerConfig(conv1d_kernel_size=conv, qkv_proj_blocksize=2, num_heads=heads)
+    cfg = xLSTMBlockStackConfig(mlstm_block=mLSTMBlockConfig(mlstm=layer),
+                                context_length=context, num_blocks=blocks, embedding_dim=dim)
+    stack = xLSTMBlockStack(cfg)
+    with torch.no_grad():
+        for block in stack.blocks:
+            cell = block.xlstm.mlstm_cell
+            for gate in (cell.igate, cell.fgate):
+                gate.weight.normal_(0.0, 0.3)
+            cell.igate.bias.normal_(0.0, 1.0)
+    return stack.eval()
+
+
+class XLSTMMLSTMFamily(XLSTMStack):
+    """xlstm's xLSTMBlockStack of mLSTM blocks."""
+
+    name = "xlstm-mlstm"
+    opens_what = "xlstm's xLSTMBlockStack / xLSTMLMModel of mLSTM blocks (NX-AI, 2.0.6)"
+    cell_name = "xlstm_mlstm"
+    kind = "mLSTMLayer"
+    units_name = "head"
+
+    @property
+    def heads(self) -> int:
+        return int(self.layers[0].mlstm_cell.config.num_heads)
+
+    @property
+    def inner(self) -> int:
+        return int(self.layers[0].config._inner_embedding_dim)
+
+    @property
+    def head_dim(self) -> int:
+        return self.inner // self.heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.heads
+
+    def state_units(self, k: int) -> Tensor:
+        d = self.head_dim
+        heads = torch.arange(self.heads)
+        return torch.cat([heads.repeat_interleave(d * d), heads.repeat_interleave(d)])
+
+    def part_units(self, k: int) -> list[Tensor]:
+        u, dd = self.state_units(k), self.heads * self.head_dim ** 2
+        return [buffer_units(self.conv_width, self.inner), u[:dd], u[dd:]]
+
+    def _step_state(self, k, st, B):
+        c, n, m = st["mlstm_state"]  # (B, NH, d, d), (B, NH, d, 1), (B, NH, 1, 1)
+        scale = torch.exp(m.double())
+        return self._buffer(st, B) + [(c * scale).reshape(B, -1), (n * scale).reshape(B, -1),
+                                      m.reshape(B, -1)]
+
+    def initial_parts(self, k: int, batch: int) -> list[Tensor]:
+        NH, d, z = self.heads, self.head_dim, torch.zeros
+        return [z(batch, (self.conv_width - 1) * self.inner, dtype=torch.float64),
+                z(batch, NH * d * d, dtype=torch.float64), z(batch, NH * d, dtype=torch.float64)]
+
+    def step_cell(self, k, m, u, parts, aux):
+        layer = m.blocks[k].xlstm
+        cell = layer.mlstm_cell
+        buf, C, n = parts
+        NH, d = self.heads, self.head_dim
+        x_m, z = torch.split(layer.proj_up(u), self.inner, dim=-1)  # (R, inner) each
+        xc, buf = self._conv(layer, buf, x_m)
+        q, key, v = layer.q_proj(xc), layer.k_proj(xc), layer.v_proj(x_m)
+        gin = torch.cat([q, key, v], dim=-1)
+        pi, pf = cell.igate(gin), cell.fgate(gin)  # (R, NH) each
+        f = torch.sigmoid(pf)
+        q, key, v = (t.view(-1, NH, d) for t in (q, key, v))
+        kbar = key / math.sqrt(d)
+        ei = torch.exp(pi)[..., None]  # (R, NH, 1)
+        C_new = f[..., None, None] * C.view(-1, NH, d, d) + ei[..., None] * (
+            kbar[..., :, None] * v[..., None, :])  # (R, NH, d, d): k̄ vᵀ
+        n_new = f[..., None] * n.view(-1, NH, d) + ei * kbar  # (R, NH, d)
+        num = torch.einsum("rhi,rhij->rhj", q, C_new)
+        qn = torch.einsum("rhi,rhi->rh", q, n_new)[..., None]
+        denom = torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(aux)[..., None]
+        htil = num / denom  # (R, NH, d)
+        h = cell.outnorm(htil[:, :, None]).transpose(1, 2).reshape(-1, self.inner)
+        out = (h + layer.learnable_skip * xc) * torch.nn.functional.silu(z)
+        y = layer.proj_down(out)
+        sig = {"i": torch.exp(pi - aux), "f": f, "h": h}
+        return sig, [buf, C_new.reshape(-1, NH * d * d), n_new.reshape(-1, NH * d)], y
+
+    def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
+        return torch.cat([parts[1], parts[2]], dim=-1)  # (R, NH·(d² + d)): C̄ then n̄
