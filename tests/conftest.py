@@ -73,3 +73,22 @@ def random_analysis(cell: str, windows: int = 5, length: int = 40, hidden: int =
 def analysis_of():
     """The ``random_analysis`` factory, for tests to call with their own sizes."""
     return random_analysis
+
+
+def _load_test_helper(name: str):
+    """A helper module of tests/ by file (tests are imported with --import-mode=importlib,
+    so tests/ is not on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"gatelens_tests_{name}",
+                                                  Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def dynamics_of():
+    """``family_dynamics.dynamics_of``: a module's Dynamics through its family, as the
+    divergence rate builds them."""
+    return _load_test_helper("family_dynamics").dynamics_of

@@ -1,0 +1,159 @@
+"""Context used (Khandelwal et al. 2018, by truncation): how many characters a prediction needs.
+
+docs/methods.md, "Context used". For each position t with d ≤ t ≤ T − 2 of a window, the
+loss of predicting x_{t+1} from only the last d characters x_{t−d+1} … x_t (the model run
+from its zero/default state on those alone) minus its loss with the whole window from
+position 0; the mean over positions and windows is the excess loss at d, for d = 1, 2,
+4, …, T/2. The effective context is the smallest d whose excess is at most 0.01 nats
+(None: more than the largest d). Losses are cross-entropies in nats, float64.
+
+``logits_of(ids (N, d)) -> (N, d, V)`` runs the whole model (embedding or one-hot, the
+recurrent module, the head) from its default state. Every truncated sequence of one d is
+run at once, in chunks of at most ``max_chars`` characters.
+
+>>> import torch
+>>> V = 5
+>>> memoryless = torch.nn.Embedding(V, V)  # logits from the current character only
+>>> ids = torch.randint(0, V, (3, 16), generator=torch.Generator().manual_seed(0))
+>>> c = context_used(lambda i: memoryless(i), ids)
+>>> c.lengths, [round(v, 12) for v in c.excess_loss], c.effective_context
+([1, 2, 4, 8], [0.0, 0.0, 0.0, 0.0], 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gatelens.errors import GatelensError
+
+LogitsOf = Callable[[Tensor], Tensor]
+THRESHOLD = 0.01  # nats: "the prediction no longer needs more context"
+MAX_CHARS = 1 << 18  # characters per call of logits_of (bounds the logits' memory)
+
+
+def context_lengths(length: int) -> list[int]:
+    """d = 1, 2, 4, … up to T/2 (each leaves a position d ≤ t ≤ T − 2).
+
+    >>> context_lengths(128)[-1], context_lengths(5)
+    (64, [1, 2])
+    """
+    out, d = [], 1
+    while d <= length // 2 and d <= length - 2:
+        out.append(d)
+        d *= 2
+    return out
+
+
+@dataclass
+class ContextUsed:
+    """Excess loss of a truncated context, by context length d."""
+
+    lengths: list[int]  # d
+    excess_loss: list[float]  # nats, mean over positions and windows
+    positions: list[int]  # positions averaged over at each d
+
+    @property
+    def effective_context(self) -> int | None:
+        """The smallest d with excess ≤ 0.01 nats; None when no d reaches it."""
+        return next((d for d, e in zip(self.lengths, self.excess_loss, strict=True)
+                     if e <= THRESHOLD), None)
+
+    def describe(self) -> str:
+        """One sentence for report.md.
+
+        >>> ContextUsed([1, 2, 4], [0.9, 0.2, 0.004], [10, 9, 7]).describe()[-62:]
+        'of context: cut to 4, its excess loss is 0.004 nats (0.9 at 1)'
+        >>> ContextUsed([1, 2], [0.9, 0.2], [10, 9]).describe()[-46:]
+        'context: cut to 2, its excess loss is 0.2 nats'
+        """
+        eff, first, top = self.effective_context, self.excess_loss[0], self.lengths[-1]
+        if eff is None:
+            return (f"the prediction uses more than {top} characters of context: cut to "
+                    f"{top}, its excess loss is {self.excess_loss[-1]:.3g} nats")
+        e = self.excess_loss[self.lengths.index(eff)]
+        return (f"the prediction uses {eff} character{'s' if eff > 1 else ''} of context: cut "
+                f"to {eff}, its excess loss is {e:.3g} nats ({first:.3g} at 1)")
+
+    def to_dict(self) -> dict:
+        """report.json's "context" (DESIGN, report.json version 3)."""
+        return {"lengths": list(self.lengths), "excess_loss": [float(v) for v in self.excess_loss],
+                "effective_context": self.effective_context}
+
+
+def _losses(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy in nats, float64, of logits (..., V) at targets (...)."""
+    logp = torch.log_softmax(logits.detach().double(), dim=-1)
+    return -logp.gather(-1, targets[..., None]).squeeze(-1)
+
+
+def _logits(logits_of: LogitsOf, ids: Tensor) -> Tensor:
+    with torch.no_grad():
+        out = logits_of(ids)
+    if not isinstance(out, Tensor) or out.ndim != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise GatelensError(f"logits_of must return (N, d, V) logits for ids {tuple(ids.shape)}; "
+                            f"got {got}")
+    return out
+
+
+class ContextAccumulator:
+    """The truncation curve over windows that arrive in chunks of (B, T) ids.
+
+    >>> import torch
+    >>> m = torch.nn.Embedding(4, 4)
+    >>> acc = ContextAccumulator(lambda i: m(i), length=12)
+    >>> acc.update(torch.randint(0, 4, (2, 12))); acc.update(torch.randint(0, 4, (3, 12)))
+    >>> acc.result().positions  # (T − 1 − d) positions a window, 5 windows
+    [50, 45, 35]
+    """
+
+    def __init__(self, logits_of: LogitsOf, length: int, lengths: Sequence[int] | None = None,
+                 max_chars: int = MAX_CHARS) -> None:
+        self.lengths = list(lengths) if lengths is not None else context_lengths(length)
+        bad = [d for d in self.lengths if not isinstance(d, int) or not 1 <= d <= length - 2]
+        if not self.lengths or bad:
+            raise GatelensError(f"context lengths must be ints in [1, T − 2 = {length - 2}]; "
+                                f"got {self.lengths}")
+        self.logits_of, self.length, self.max_chars = logits_of, length, max_chars
+        self.sums = [0.0] * len(self.lengths)
+        self.counts = [0] * len(self.lengths)
+
+    def update(self, ids: Tensor) -> None:
+        """Add the windows ``ids`` (B, T) int64."""
+        if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.shape[1] != self.length:
+            got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+            raise GatelensError(f"ids must be (B, {self.length}) windows; got {got}")
+        B, T = ids.shape
+        full = _losses(_logits(self.logits_of, ids)[:, :-1], ids[:, 1:])  # (B, T − 1), at t
+        for i, d in enumerate(self.lengths):
+            # the context ending at t starts at s = t − d + 1: s = 1 … T − d − 1
+            seqs = ids.unfold(1, d, 1)[:, 1 : T - d]  # (B, T − d − 1, d)
+            targets = ids[:, d + 1 :]  # x_{t+1} for t = d … T − 2, (B, T − d − 1)
+            flat, tflat = seqs.reshape(-1, d), targets.reshape(-1)
+            per = max(1, self.max_chars // d)
+            cut = torch.cat([_losses(_logits(self.logits_of, flat[a : a + per])[:, -1],
+                                     tflat[a : a + per]) for a in range(0, flat.shape[0], per)])
+            excess = cut - full[:, d:].reshape(-1)
+            self.sums[i] += float(excess.sum())
+            self.counts[i] += int(excess.numel())
+
+    def result(self) -> ContextUsed:
+        if not any(self.counts):
+            raise GatelensError("no windows were measured")
+        return ContextUsed(self.lengths, [s / n for s, n in zip(self.sums, self.counts,
+                                                                 strict=True)], self.counts)
+
+
+def context_used(logits_of: LogitsOf, ids: Tensor, lengths: Sequence[int] | None = None,
+                 max_chars: int = MAX_CHARS) -> ContextUsed:
+    """The truncation curve of the model ``logits_of`` on the windows ``ids`` (B, T)."""
+    if not isinstance(ids, Tensor) or ids.ndim != 2:
+        raise GatelensError(f"ids must be (B, T) windows; got "
+                            f"{tuple(ids.shape) if isinstance(ids, Tensor) else ids!r}")
+    acc = ContextAccumulator(logits_of, int(ids.shape[1]), lengths, max_chars)
+    acc.update(ids)
+    return acc.result()

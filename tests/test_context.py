@@ -1,0 +1,113 @@
+"""Context used by truncation: a memoryless model, a copy model worked by hand, and an LSTM
+against a one-sequence-at-a-time loop."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from gatelens.analysis.context import ContextAccumulator, context_lengths, context_used
+from gatelens.errors import GatelensError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Memoryless(nn.Module):
+    """Logits from the current character only."""
+
+    def __init__(self, V: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(V, V)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids)  # (N, d, V)
+
+
+class Copy(nn.Module):
+    """Logits a·onehot(x_{t−d0}) at t ≥ d0 of its own input, zeros (uniform) before."""
+
+    def __init__(self, V: int, d0: int, a: float) -> None:
+        super().__init__()
+        self.V, self.d0, self.a = V, d0, a
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(*ids.shape, self.V, dtype=torch.float64)
+        out[:, self.d0 :] = self.a * nn.functional.one_hot(ids[:, : -self.d0], self.V)
+        return out
+
+
+def test_a_memoryless_model_uses_one_character() -> None:
+    ids = torch.randint(0, 7, (4, 64), generator=torch.Generator().manual_seed(1))
+    c = context_used(Memoryless(7), ids)
+    assert c.lengths == [1, 2, 4, 8, 16, 32] and c.excess_loss == [0.0] * 6
+    assert c.effective_context == 1
+    assert c.positions == [4 * (64 - 1 - d) for d in c.lengths]
+    assert c.to_dict() == {"lengths": c.lengths, "excess_loss": c.excess_loss,
+                           "effective_context": 1}
+
+
+def test_a_copy_model_by_hand() -> None:
+    V, d0, a, T, B = 6, 5, 3.0, 40, 3
+    g = torch.Generator().manual_seed(2)
+    period = torch.randint(0, V, (B, d0 + 1), generator=g)
+    ids = period.repeat(1, T // (d0 + 1) + 1)[:, :T]  # x_{t+1} = x_{t−d0}
+    c = context_used(Copy(V, d0, a), ids)
+    lost = math.log(V) - -math.log(math.exp(a) / (math.exp(a) + V - 1))  # uniform vs the copy
+    for d, e in zip(c.lengths, c.excess_loss, strict=True):
+        # positions d ≤ t ≤ T − 2; the whole window knows x_{t−d0} from t = d0 on, the
+        # truncated one only when d ≥ d0 + 1
+        want = 0.0 if d > d0 else (T - 1 - max(d, d0)) / (T - 1 - d) * lost
+        assert abs(e - want) <= 1e-12, (d, e, want)
+    assert c.effective_context == 8  # the first d ≥ d0 + 1
+    assert c.describe().startswith("the prediction uses 8 characters of context")
+    assert json.loads(json.dumps(c.to_dict())) == c.to_dict()
+
+
+class CharLSTM(nn.Module):
+    def __init__(self, V: int, H: int) -> None:
+        super().__init__()
+        self.V = V
+        self.lstm, self.head = nn.LSTM(V, H, batch_first=True), nn.Linear(H, V)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.one_hot(ids, self.V).to(self.head.weight.dtype)
+        return self.head(self.lstm(x)[0])
+
+
+def test_an_lstm_equals_one_sequence_at_a_time() -> None:
+    torch.manual_seed(0)
+    V, T = 5, 20
+    model = CharLSTM(V, 8).double()
+    with torch.no_grad():
+        model.lstm.weight_hh_l0.mul_(3)
+    ids = torch.randint(0, V, (3, T), generator=torch.Generator().manual_seed(3))
+    acc = ContextAccumulator(lambda i: model(i), T, max_chars=7)  # chunks of 7 // d sequences
+    acc.update(ids[:1])
+    acc.update(ids[1:])
+    c = acc.result()
+    with torch.no_grad():
+        full = -torch.log_softmax(model(ids), -1)  # (B, T, V)
+        for d, e in zip(c.lengths, c.excess_loss, strict=True):
+            total, n = 0.0, 0
+            for b in range(3):
+                for t in range(d, T - 1):
+                    alone = -torch.log_softmax(model(ids[b : b + 1, t - d + 1 : t + 1]), -1)
+                    total += float(alone[0, -1, ids[b, t + 1]] - full[b, t, ids[b, t + 1]])
+                    n += 1
+            assert abs(e - total / n) <= 1e-12 and c.positions[c.lengths.index(d)] == n
+    assert c.excess_loss[0] > 0.01  # it has memory
+
+
+def test_lengths_and_bad_input() -> None:
+    assert context_lengths(128) == [1, 2, 4, 8, 16, 32, 64] and context_lengths(3) == [1]
+    m = Memoryless(4)
+    with pytest.raises(GatelensError, match=r"\[1, T − 2 = 8\]"):
+        ContextAccumulator(m, 10, lengths=[9])
+    with pytest.raises(GatelensError, match=r"ids must be \(B, 10\)"):
+        ContextAccumulator(m, 10).update(torch.zeros(2, 9, dtype=torch.long))
+    with pytest.raises(GatelensError, match=r"\(N, d, V\) logits"):
+        context_used(lambda i: torch.zeros(i.shape[0], 4), torch.zeros(2, 10, dtype=torch.long))
