@@ -266,3 +266,20 @@ def test_inputs_are_checked() -> None:
         anchored_signals(nn.LSTM(5, 8), x, (torch.zeros(1, 2, 8), torch.zeros(2, 2, 8)))
     with pytest.raises(TypeError, match="nn.LSTM"):
         verify(nn.Linear(5, 8), x)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["lstm2", "gru2", "bilstm2", "proj", "rnn_relu"])
+def test_a_stack_run_layer_by_layer_is_the_modules_own_output(name: str) -> None:
+    """The reference runs a stack one layer at a time (each layer's own tensors fed the layer
+    below's output); on the CPU its top layer is bitwise the module's output, h_n and c_n."""
+    torch.manual_seed(0)
+    m = CONTRACTING[name]().eval()
+    x = torch.randn(4, 20, 5)
+    fam = open_family(m)
+    ref = fam.reference(fam.check(x))
+    with torch.no_grad():
+        out, final = m(x)
+    assert torch.equal(ref.output, out)
+    for got, want in zip(ref.final if isinstance(ref.final, tuple) else (ref.final,),
+                         final if isinstance(final, tuple) else (final,), strict=True):
+        assert torch.equal(got, want)

@@ -1,10 +1,12 @@
 """nn.LSTM as a family: its anchored read-out, PyTorch's own c, and the one-step check.
 
 The anchored read-out (docs/methods.md) takes every gate from the layer's input and
-PyTorch's own h_{t−1}, and c by the contraction c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t. It is laid
-out for speed: time-major, one GEMM for W_hh h over every step (written into the input
-projection in place), one-hot input as a gather of W_ih's columns (exactly the product), the
-four activations in place, and the contraction as one fused call a step.
+PyTorch's own h_{t−1}, c by the contraction c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t, and h as
+PyTorch's own (as for the GRU and the RNN; a projected LSTM's m = o ⊙ tanh c is computed). It
+is laid out for speed: time-major blocks of steps small enough to stay in cache while every
+pass runs over them, one GEMM for W_hh h of a block written into its input projection in
+place, one-hot input as a gather of W_ih's columns (exactly the product), the three sigmoid
+gates in one call, and the contraction as one fused call a step.
 
 PyTorch's own c (for the one-step check and the dynamics) comes from its own cell run one
 step at a time with the module's h_{t−1} passed along; it is computed once, on first use.
@@ -37,33 +39,50 @@ def one_hot_ids(x: Tensor) -> Tensor | None:
     >>> one_hot_ids(torch.eye(3)[None]).tolist(), one_hot_ids(torch.ones(1, 2, 3))
     ([[0, 1, 2]], None)
     """
-    if x.ndim != 3 or not bool(((x == 0) | (x == 1)).all()) or not bool((x.sum(-1) == 1).all()):
+    if x.ndim != 3 or not x.is_floating_point() or 0 in x.shape:
+        return None
+    lo, hi = torch.aminmax(x, dim=-1)  # (B, T) each: one pass
+    # every entry ≥ 0, the largest 1 and the sum 1: then all the others are 0
+    if not (bool((lo >= 0).all()) and bool((hi == 1).all()) and bool((x.sum(-1) == 1).all())):
         return None
     return x.argmax(dim=-1)
 
 
-def input_projection(w_ih: Tensor, x: Tensor, ids: Tensor | None) -> Tensor:
-    """W_ih x_t for every step, time-major (T, B, G) and contiguous. A one-hot input is a
-    gather of W_ih's columns: the product has one non-zero term, so the two are equal."""
+def input_projection(w_ih: Tensor, x: Tensor, ids: Tensor | None,
+                     bias: Tensor | None = None) -> Tensor:
+    """W_ih x_t (+ bias) for every step, time-major (T, B, G) and contiguous. A one-hot
+    input is a gather of W_ih's columns (bias added to the table first): the product has one
+    non-zero term, so the two are equal."""
     if ids is not None:
-        return w_ih.t().contiguous()[ids.t().contiguous()]  # (T, B, G)
-    return torch.matmul(x.transpose(0, 1).contiguous(), w_ih.t())  # (T, B, G)
+        table = w_ih.t() if bias is None else w_ih.t() + bias  # (V, G)
+        return table.contiguous()[ids.t().contiguous()]  # (T, B, G)
+    out = torch.matmul(x.transpose(0, 1).contiguous(), w_ih.t())  # (T, B, G)
+    return out if bias is None else out.add_(bias)
 
 
-def add_recurrent(pre: Tensor, h: Tensor, h0: Tensor, w_hh: Tensor, reverse: bool) -> None:
-    """pre_t += W_hh h_{t−1} in place for every step, h_{t−1} the module's own (h (B, T, H_out)
-    batch first, h0 (B, H_out)): one GEMM over all steps, written into ``pre`` (T, B, G)."""
-    T, B, G = pre.shape
-    hT = h.transpose(0, 1)  # (T, B, H_out)
-    if not hT.is_contiguous():
-        hT = hT.contiguous()
-    flat = pre.view(T * B, G)
-    if T > 1:
-        src = hT[1:] if reverse else hT[:-1]  # (T − 1, B, H_out)
-        dst = flat[: (T - 1) * B] if reverse else flat[B:]
-        dst.addmm_(src.reshape(-1, src.shape[-1]), w_hh.t())
-    first = pre[T - 1] if reverse else pre[0]
-    first.addmm_(h0, w_hh.t())
+def _add_previous(blk: Tensor, hT: Tensor, h0: Tensor, w_hh_t: Tensor, t0: int, t1: int,
+                  B: int, reverse: bool) -> None:
+    """Steps t0 … t1 − 1 of the pre-activations, (rows, 4H), += W_hh h_{t−1} in place, with
+    h_{t−1} the module's own (hT (T, B, H_out) time-major; h0 before the first step)."""
+    T = hT.shape[0]
+    if not reverse:
+        lo = t0 - 1  # step t reads h_{t−1}
+        if lo < 0:
+            blk[:B].addmm_(h0, w_hh_t)
+            rows, lo = blk[B:], 0
+        else:
+            rows = blk
+        if rows.shape[0]:
+            rows.addmm_(hT[lo : t1 - 1].reshape(-1, hT.shape[-1]), w_hh_t)
+        return
+    hi = t1 + 1  # the reverse direction: step t reads h_{t+1}
+    if hi > T:
+        blk[-B:].addmm_(h0, w_hh_t)
+        rows, hi = blk[:-B], T
+    else:
+        rows = blk
+    if rows.shape[0]:
+        rows.addmm_(hT[t0 + 1 : hi].reshape(-1, hT.shape[-1]), w_hh_t)
 
 
 class LSTMFamily(TorchRNNFamily):
@@ -93,28 +112,53 @@ class LSTMFamily(TorchRNNFamily):
         w = cell_weights(self.module, k, reverse)
         X = ref.inputs[f"layer{k}"]  # (B, T, F_k)
         h0, c0 = ref.initial[name]
-        T = X.shape[1]
-        pre = input_projection(w.w_ih, X, one_hot_ids(X) if k == 0 else None)  # (T, B, 4H)
-        if w.b_ih is not None:
-            pre += w.b_ih + w.b_hh
-        add_recurrent(pre, ref.states[name + ".h"], h0, w.w_hh, reverse)
-        i, f, g, o = pre.chunk(4, dim=-1)  # (T, B, H) views
-        for gate in (i, f, o):
-            gate.sigmoid_()
-        g.tanh_()
-        u = i * g  # (T, B, H): what the cell writes
-        c = torch.empty_like(u)
+        B, T, H = X.shape[0], X.shape[1], self.hidden_size
+        # rows reordered once to i, f, o, g, so one sigmoid covers the three gates
+        order = torch.cat([torch.arange(2 * H), torch.arange(3 * H, 4 * H),
+                           torch.arange(2 * H, 3 * H)]).to(w.w_ih.device)
+        bias = None if w.b_ih is None else (w.b_ih + w.b_hh)[order]
+        w_ih, w_hh_t = w.w_ih[order], w.w_hh[order].t().contiguous()  # (4H, F), (H_out, 4H)
+        ids = one_hot_ids(X) if k == 0 else None
+        # one-hot input: a gather of W_ih's columns (the product's one non-zero term), bias in
+        table = None if ids is None else (w_ih.t() if bias is None else w_ih.t() + bias
+                                          ).contiguous()  # (V, 4H)
+        src = (ids if ids is None else ids.t().contiguous(),
+               None if ids is not None else X.transpose(0, 1).contiguous())  # (T, B[, F])
+        hT = ref.states[name + ".h"].transpose(0, 1).contiguous()  # (T, B, H_out)
+        pre = X.new_empty(T, B, 4 * H)  # i, f, o, g: the trace's gates live here
+        c = X.new_empty(T, B, H)
+        m = X.new_empty(T, B, H) if w.w_hr is not None else None
         prev = c0
-        for t in range(T - 1, -1, -1) if reverse else range(T):
-            torch.addcmul(u[t], f[t], prev, out=c[t])  # c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t
-            prev = c[t]
-        m = o * torch.tanh(c)  # (T, B, H)
-        sig = {"i": i, "f": f, "g": g, "o": o, "c": c}
-        if w.w_hr is not None:
-            sig["m"] = m
-            m = torch.matmul(m, w.w_hr.t())  # (T, B, P)
-        sig["h"] = m
-        return {s: t.transpose(0, 1) for s, t in sig.items()}  # (B, T, ·)
+        # blocks of steps small enough to stay in cache while every pass runs over them
+        step = max(1, (1 << 23) // max(1, B * 4 * H * X.element_size()))
+        starts = list(range(0, T, step))
+        for t0 in reversed(starts) if reverse else starts:
+            t1 = min(T, t0 + step)
+            blk = pre[t0:t1].view(-1, 4 * H)  # ((t1 − t0)·B, 4H)
+            if table is not None:
+                torch.index_select(table, 0, src[0][t0:t1].reshape(-1), out=blk)
+            else:
+                torch.mm(src[1][t0:t1].reshape(-1, X.shape[-1]), w_ih.t(), out=blk)
+                if bias is not None:
+                    blk += bias
+            _add_previous(blk, hT, h0, w_hh_t, t0, t1, B, reverse)
+            blk[:, : 3 * H].sigmoid_()
+            blk[:, 3 * H :].tanh_()
+            i, f, o, g = pre[t0:t1].chunk(4, dim=-1)  # (τ, B, H) views
+            torch.mul(i, g, out=c[t0:t1])  # what the cell writes, then the contraction:
+            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+                c[t].addcmul_(f[t - t0], prev)  # c_t = i_t ⊙ g_t + f_t ⊙ c_{t−1}
+                prev = c[t]
+            if m is not None:  # projected: m = o ⊙ tanh(c), before h = W_hr m
+                torch.tanh(c[t0:t1], out=m[t0:t1])
+                m[t0:t1].mul_(o)
+        i, f, o, g = pre.chunk(4, dim=-1)  # (T, B, H)
+        sig = {s: v.transpose(0, 1) for s, v in
+               {"i": i, "f": f, "g": g, "o": o, "c": c}.items()}  # (B, T, ·)
+        if m is not None:
+            sig["m"] = m.transpose(0, 1)
+        sig["h"] = ref.states[name + ".h"]  # PyTorch's own h, as for the GRU and the RNN
+        return sig
 
     # ---- PyTorch's own c ------------------------------------------------------------------
     def trajectory_states(self, call: Call, ref: Reference) -> dict[str, Tensor]:

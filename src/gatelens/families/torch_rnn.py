@@ -195,46 +195,64 @@ class TorchRNNFamily(Family):
         return parts if self.two_states else parts[0]
 
     # ---- PyTorch's own trajectory ----------------------------------------------------
-    def layers_up_to(self, count: int) -> nn.RNNBase:
-        """A module of the first ``count`` layers (batch first), sharing the tensors."""
-        m = self.module
-        tensors = {n: p.detach() for n, p in m.named_parameters()
-                   if int(re.search(r"_l(\d+)", n).group(1)) < count}
-        return like(m, count, tensors, bidirectional=m.bidirectional, input_size=m.input_size)
+    def layer(self, k: int) -> nn.RNNBase:
+        """A one-layer module (batch first) holding layer k's tensors, shared (cached)."""
+        cache = self.__dict__.setdefault("_layers", {})
+        if k not in cache:
+            m = self.module
+            tensors = {re.sub(r"_l\d+", "_l0", n): p.detach() for n, p in m.named_parameters()
+                       if int(re.search(r"_l(\d+)", n).group(1)) == k}
+            width = tensors["weight_ih_l0"].shape[1]
+            cache[k] = like(m, 1, tensors, bidirectional=m.bidirectional, input_size=width)
+        return cache[k]
 
-    def run(self, module: nn.RNNBase, call: Call, rows: int | None = None) -> tuple[Tensor, Any]:
-        """``module`` on the call (its packed form if packed): output (B, T', ·) batch
-        first, and its final state."""
-        inputs = call.layout["packed"]
+    def run(self, module: nn.RNNBase, call: Call, rows: int | None = None,
+            inputs: Any = None, state: Any = None) -> tuple[Any, Any]:
+        """``module`` on ``inputs`` (default: the call's, packed if it was) from ``state``
+        (default: the call's first ``rows`` layers·directions): its raw output (packed or
+        in its layout) and final state. Its forward itself runs, so no hook of the user's
+        fires."""
         if inputs is None:
-            inputs = call.inputs if module.batch_first else call.inputs.transpose(0, 1)
-        with torch.no_grad(), quiet_onednn():  # forward itself: no hook of the user's fires
-            out, final = module.forward(inputs, self.module_state(call.state, rows))
+            inputs = call.layout["packed"]
+            if inputs is None:
+                inputs = call.inputs if module.batch_first else call.inputs.transpose(0, 1)
+        if state is None:
+            state = self.module_state(call.state, rows)
+        with torch.no_grad(), quiet_onednn():
+            return module.forward(inputs, state)
+
+    def padded(self, module: nn.RNNBase, out: Any) -> Tensor:
+        """A module's raw output as (B, T', ·) batch first."""
         if isinstance(out, PackedSequence):
-            out, _ = pad_packed_sequence(out, batch_first=True)
-        elif not module.batch_first:
-            out = out.transpose(0, 1)
-        return out, final
+            return pad_packed_sequence(out, batch_first=True)[0]
+        return out if module.batch_first else out.transpose(0, 1)
 
     def reference(self, call: Call) -> Reference:
-        """PyTorch's h of every layer and direction: the module itself for the top layer, a
-        module of its layers 0 … k below it; each layer's input; the initial states."""
+        """PyTorch's h of every layer and direction. One layer is the module itself; a
+        stack is run layer by layer, each a module of that layer's own tensors fed the
+        layer below's output (PyTorch runs a stack the same way: on the CPU the top layer's
+        output is bitwise the module's, tested); each layer's input; the initial states."""
         D, L = self.directions, self.num_layers
         states: dict[str, Tensor] = {}
-        output = final = None
+        finals, raw = [], None
         for k in range(L):
-            mod = self.module if k == L - 1 else self.layers_up_to(k + 1)
-            out, fin = self.run(mod, call, (k + 1) * D)  # (B, T', D·H_out)
-            for d, part in enumerate(out.chunk(D, dim=-1)):
-                states[layer_name(k, bool(d)) + ".h"] = part
-            output, final = out, fin
+            mod = self.module if L == 1 else self.layer(k)
+            part = tuple(s[k * D : (k + 1) * D] for s in call.state)
+            raw, fin = self.run(mod, call, inputs=raw,
+                                state=part if self.two_states else part[0])
+            out = self.padded(mod, raw)  # (B, T', D·H_out)
+            for d, h in enumerate(out.chunk(D, dim=-1)):
+                states[layer_name(k, bool(d)) + ".h"] = h
+            finals.append(fin if isinstance(fin, tuple) else (fin,))
+        final = tuple(torch.cat([f[j] for f in finals]) for j in range(len(finals[0])))
         inputs = {"layer0": call.inputs}
         for k in range(1, L):
             below = [states[layer_name(k - 1, bool(d)) + ".h"] for d in range(D)]
             inputs[layer_name(k)] = torch.cat(below, dim=-1)  # (B, T, D·H_out)
         initial = {name: tuple(s[j] for s in call.state)
                    for _, _, name, j in self.directions_of()}
-        return Reference(states, inputs, initial, output, final)
+        return Reference(states, inputs, initial, out,
+                         final if self.two_states else final[0])
 
     def layer_input(self, ref: Reference, layer: int) -> Tensor:
         return ref.inputs[layer_name(layer)]

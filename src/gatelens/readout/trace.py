@@ -140,7 +140,7 @@ def read(fam: Family, call: Call, ref: Reference) -> Trace:
 def _left_trajectory(fam: TorchRNNFamily, call: Call, ro: Readout) -> float:
     """max |h_step − h_module| of the top layer; warns above 1e-5 (the re-run has parted
     from the module's trajectory: a chaotic model, see docs/methods.md)."""
-    out, _ = fam.run(fam.module, call)  # (B, T', D·H_out)
+    out = fam.padded(fam.module, fam.run(fam.module, call)[0])  # (B, T', D·H_out)
     top = [layer_name(fam.num_layers - 1, bool(d)) + ".h" for d in range(fam.directions)]
     mine = torch.cat([ro.signals[n] for n in top], dim=-1)[:, : out.shape[1]]
     diff = max_diff(mine, out)
