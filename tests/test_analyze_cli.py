@@ -56,7 +56,17 @@ def test_analyze_each_cell(runs, cell, tmp_path, capsys):
     jsonschema.validate(rep, schema())
     assert rep["model"]["cell"] == cell and rep["text"] == {
         "windows": 3, "length": 40, "source": rep["text"]["source"], "chars": 120,
-        "chunks": 1, "percentiles": "exact (numpy.percentile, linear)"}
+        "chunks": 1, "percentiles": "exact (numpy.percentile, linear)", "memory_windows": 3}
+    # report.json version 3: memory by direction, context used, saturation
+    ly = rep["lyapunov"]
+    assert rep["version"] == 3 and ly["k"] == min(64, ly["size"]) and ly["windows"] == 3
+    assert ly["exponents"][0] == pytest.approx(rep["divergence"]["lyapunov_per_char"],
+                                               abs=1e-12)  # λ_1 is the divergence rate
+    assert rep["context"]["lengths"][0] == 1 and len(rep["context"]["excess_loss"]) > 1
+    sat = rep["saturation"]
+    assert (sat["keep_right_majority"] is None) == (cell == "rnn")
+    assert rep["fixed_points"] is None  # only with --fixed-points
+    assert "## Memory by direction" in (out / "report.md").read_text()
     assert rep["verification"]["one_step_max_abs_diff_h"] < 1e-5 and rep["verification"]["passed"]
     assert rep["perturbation"]["lags"] == [1, 2, 4, 8, 16, 32]
     assert sum(v["positions"] for v in rep["char_classes"].values()) == 3 * 40
@@ -74,7 +84,8 @@ def test_analyze_each_cell(runs, cell, tmp_path, capsys):
         assert rep["units"]["n_units"] == 10 * (2 if cell == "gru" else 1)
         assert rep["baseline"]["step"] == 0 and rep["baseline"]["units"]["gate"] == gate
         assert abs(rep["decomposition"]["max_abs_residual"]) < 1e-5
-        assert len(plots) == 5
+        assert len(plots) == 8  # and the spectrum, context used, saturation (version 3)
+        assert {"lyapunov_spectrum.png", "context_used.png", "gate_saturation.png"} <= set(plots)
 
 
 def test_analysis_object(runs, tmp_path):

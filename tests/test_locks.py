@@ -107,7 +107,7 @@ def test_a_study_directory_held_by_another_process_is_refused_before_any_work(
 
 def test_a_trial_waits_for_a_held_directory_and_never_clears_a_run_being_written(
         tiny_text, tmp_path, monkeypatch):
-    import gatelens.studies.study as study
+    import gatelens.studies.trial as study
 
     trial = parse_spec({"grid": {"seed": [0]}, "train": {"corpus": str(tiny_text),
                                                          "hidden": 8, "steps": 2}}).trials[0]

@@ -53,7 +53,8 @@ def report(cell: str = "lstm") -> dict:
         verification=VerifyResult(cell, [], 1e-7, c, c, 2e-7), gates=gates,
         divergence=None, reach=None, reach_note="no logits", control=None,
         units=units, perturbation=decay(rnn), char_classes=classes,
-        baseline=Baseline(0, None, gates, base_units),
+        baseline=Baseline(0, None, gates, base_units), lyapunov=None, fixed_points=None,
+        context=None, saturation=None,
         history={"step": [0, 20, 40], "val_loss": [4.0, 3.0, 3.1], "train_step": [1, 2],
                  "train_loss": [4.1, 3.9]}))
 
@@ -66,7 +67,7 @@ def test_report_validates_and_writes(cell, tmp_path):
     assert json.loads((tmp_path / "report.json").read_text()) == rep
     top = ["version", "model", "text", "verification", "gates", "units", "perturbation",
            "char_classes", "baseline"]
-    assert list(rep)[:len(top)] == top and rep["version"] == 2
+    assert list(rep)[:len(top)] == top and rep["version"] == 3
 
 
 def test_rnn_keys_are_null_not_missing():

@@ -25,6 +25,9 @@ from gatelens.studies.merge import merge, report_figures
 from gatelens.studies.spec import PRESETS, load_preset, load_spec, parse_spec
 from gatelens.studies.study import ray_session, run_study, run_trial
 
+# Ray clusters and sessions of their own: these tests run on one xdist worker, in turn
+pytestmark = pytest.mark.xdist_group("ray")
+
 WORDS = "the quick brown fox jumps over a lazy dog and then runs home to sleep".split()
 TRAIN = {"hidden": 8, "steps": 4, "eval_every": 2, "batch": 4, "seq": 24, "val_windows": 4}
 ANALYSIS = {"windows": 2, "length": 24, "perturb_pos": 8}
@@ -274,7 +277,7 @@ def test_presets_parse_and_say_their_question(monkeypatch):
     from gatelens.studies import spec as study_spec
 
     sizes = {"dynamics": (3, 1), "forget-bias": (30, 10), "cells": (9, 3),
-             "long-memory": (18, 6), "modern": (18, 6)}
+             "long-memory": (18, 6), "modern": (18, 6), "barely-moved": (54, 18)}
     monkeypatch.setitem(study_spec._VOCAB, "shakespeare", 84)  # modern matches parameters
     for name in PRESETS:
         spec = load_preset(name)

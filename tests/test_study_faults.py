@@ -30,6 +30,9 @@ from gatelens.lock import holder
 from gatelens.studies.spec import load_spec
 from gatelens.studies.study import run_study, run_trial
 
+# Ray clusters and sessions of their own: these tests run on one xdist worker, in turn
+pytestmark = pytest.mark.xdist_group("ray")
+
 TEXT = "\n".join(" ".join(("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy",
                            "dog")[(i * 5 + k * k) % 9] for k in range(8)) for i in range(300))
 HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",

@@ -117,7 +117,7 @@ def test_replace_dir_puts_a_new_directory_in_place_of_none(tmp_path):
 
 def test_best_step_agrees_between_weights_and_config_after_a_full_disk(tiny_text, tmp_path,
                                                                        monkeypatch, capsys):
-    import gatelens.training.train as tr
+    import gatelens.training.checkpoints as tr  # where a step saves its weights
 
     cfg = TrainConfig(corpus=str(tiny_text), hidden=8, steps=6, batch=4, seq=16, eval_every=2,
                       val_windows=2, lr=1e-2, device="cpu")

@@ -32,12 +32,14 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "measure": "gatelens.analysis.measure", "reproduce": "gatelens.studies.reproduce",
          "Lens": "gatelens.lens.lens", "LensResult": "gatelens.lens.lens",
          "load_run": "gatelens.lens.run",
+         "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
          "open_keras": "gatelens.loaders.keras_file"}
 
 __all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
-           "VerifyResult", "analyze", "families", "gate_names", "half_life", "load_run",
+           "VerifyResult", "analyze", "families", "fixed_points", "gate_names", "half_life",
+           "load_run",
            "measure", "open_cells",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]
@@ -45,7 +47,8 @@ __all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
+        where, _, attr = _LAZY[name].partition(":")
+        value = getattr(import_module(where), attr or name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'gatelens' has no attribute {name!r}")

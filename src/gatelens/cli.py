@@ -6,9 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import (
     CheckFailed,
     GatelensError,
+    exponents_count,
     finite_float,
     nonnegative_float,
     os_reason,
@@ -17,7 +19,7 @@ from gatelens.errors import (
     seed_int,
     windows_count,
 )
-from gatelens.families.spec import FAMILIES
+from gatelens.families.spec import FAMILIES, layer_name
 from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
 
 
@@ -117,8 +119,8 @@ def _add_verify(sub) -> None:
     p.add_argument("run")
     p.add_argument("--checkpoint", default="best", help="best, final or a step number")
     p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
-    p.add_argument("--windows", type=positive_int, default=32)
-    p.add_argument("--length", type=positive_int, default=128)
+    p.add_argument("--windows", type=positive_int, default=DEFAULTS.windows)
+    p.add_argument("--length", type=positive_int, default=DEFAULTS.length)
     p.add_argument("--tol", type=nonnegative_float, default=1e-5,
                    help="largest difference that passes, finite, 0 or above (default 1e-5)")
 
@@ -135,7 +137,7 @@ def _cmd_verify(args) -> int:
           f"of {source}:")
     kind = "one-step" if res.one_step_max_abs_diff_h is not None else "free-running"
     for d, free in zip(res.layers, res.free_running_layers, strict=True):
-        name = f"layer{d.layer}{'.reverse' if d.reverse else ''}"
+        name = layer_name(d.layer, d.reverse)
         c = "" if d.max_abs_diff_c is None else (
             f"  max |c_hand - c_torch| {d.max_abs_diff_c:.3g}"
             f" (/max(1,|c|): {d.max_scaled_diff_c:.3g})")
@@ -187,13 +189,17 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", default=None, metavar="FILE",
                    help="analyse the first WINDOWS x LENGTH characters of FILE "
                         "(default: windows evenly spaced over the validation split)")
-    p.add_argument("--windows", type=windows_count, default=32,
+    p.add_argument("--windows", type=windows_count, default=DEFAULTS.windows,
                    help="B, windows (default 32); all: every whole window of the validation "
                         "split (or of --text), in chunks with a progress bar")
-    p.add_argument("--length", type=positive_int, default=128,
+    p.add_argument("--length", type=positive_int, default=DEFAULTS.length,
                    help="T, characters per window (default 128)")
-    p.add_argument("--perturb-pos", type=int, default=32, dest="perturb_pos",
+    p.add_argument("--perturb-pos", type=int, default=DEFAULTS.perturb_pos, dest="perturb_pos",
                    help="position p of the changed character (default 32)")
+    p.add_argument("--exponents", type=exponents_count, default=DEFAULTS.exponents,
+                   help="Lyapunov exponents: the N largest (default 64), all, or 0 for none")
+    p.add_argument("--fixed-points", action="store_true", dest="fixed_points",
+                   help="also find the fixed points under held inputs (slow)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory (default RUN/analysis)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
@@ -216,7 +222,8 @@ def _cmd_analyze(args) -> int:
     if args.run is not None:
         a = analyze(args.run, checkpoint=args.checkpoint, text=args.text, windows=args.windows,
                     length=args.length, perturb_pos=args.perturb_pos, out=args.out,
-                    progress=not args.quiet)
+                    progress=not args.quiet, exponents=args.exponents,
+                    fixed_points=args.fixed_points)
     else:
         from gatelens.lens.foreign import foreign_from_args
 
@@ -224,7 +231,9 @@ def _cmd_analyze(args) -> int:
             raise GatelensError(f"{args.weights}: a model gatelens did not train needs --text "
                                 "FILE (the text to read) and --out DIR")
         a = analyze_foreign(foreign_from_args(args), text=args.text, windows=args.windows,
-                            length=args.length, perturb_pos=args.perturb_pos, out=args.out)
+                            length=args.length, perturb_pos=args.perturb_pos, out=args.out,
+                            progress=not args.quiet, exponents=args.exponents,
+                            fixed_points=args.fixed_points)
     print(a.out / "report.json")
     print(a.out / "report.md")
     v = a.verification
@@ -268,8 +277,9 @@ def _add_study(sub) -> None:
     p = sub.add_parser("study", help="many runs, one finding: a grid of trials (train + analyze "
                        "every checkpoint) as Ray tasks, merged into study.json/md/html")
     p.add_argument("spec", nargs="?", help="SPEC.toml: [grid], [train], [analysis]")
-    p.add_argument("--preset", choices=["dynamics", "forget-bias", "cells", "long-memory",
-                                        "modern"],
+    from gatelens.studies.spec import PRESETS
+
+    p.add_argument("--preset", choices=PRESETS,
                    help="a built-in SPEC instead of a file")
     p.add_argument("--out", required=True, metavar="DIR", help="study directory; rerun to "
                    "reuse finished trials and resume interrupted ones")

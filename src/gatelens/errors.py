@@ -155,3 +155,14 @@ def windows_count(text: str) -> int | str:
     ('all', 8)
     """
     return "all" if text == "all" else positive_int(text)
+
+
+def exponents_count(text: str) -> int | str:
+    """An argparse type for --exponents: a count ≥ 0 (0: none), or "all".
+
+    >>> exponents_count("all"), exponents_count("0"), exponents_count("8")
+    ('all', 0, 8)
+    """
+    if text == "all":
+        return "all"
+    return 0 if text.strip() == "0" else positive_int(text)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gatelens.cells.names import layer_name
 from gatelens.readout.trace_types import Trace
 
 PERCENTILES = (5, 25, 50, 75, 95)
@@ -51,7 +52,7 @@ def pooled(trace: Trace, letter: str) -> Tensor:
     """
     if trace.lengths is not None:
         raise ValueError("the measurements need equal-length windows, not a packed sequence")
-    return torch.cat([trace[f"layer{k}.{letter}"] for k in range(trace.num_layers)], dim=-1)
+    return torch.cat([trace[f"{layer_name(k)}.{letter}"] for k in range(trace.num_layers)], dim=-1)
 
 
 def as_numpy64(x: Tensor) -> np.ndarray:

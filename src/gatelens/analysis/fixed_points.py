@@ -217,3 +217,32 @@ def dynamics_fixed_points(d: Dynamics, held: Mapping[str, Tensor], starts: int =
         pick = torch.randint(0, B * T, (starts,), generator=gen)
     return fixed_points(d.step, flat[pick.to(flat.device)], held,
                         [p.shape[-1] for p in d.trajectory], max_iter)
+
+
+def module_fixed_points(module, inputs: Tensor, state=None, *, held: int = HELD,
+                        starts: int = STARTS, seed: int = 0) -> FixedPoints:
+    """``gatelens.fixed_points(module, inputs)``: the fixed points of any module gatelens
+    opens, under each of the ``held`` most frequent distinct inputs of ``inputs`` (what the
+    module takes) and the zero input, from ``starts`` states of its own trajectory on them.
+    Each point carries its coordinates (``to_dict(state=True)``).
+
+    >>> import torch
+    >>> rnn = torch.nn.RNN(1, 3, bias=False, batch_first=True).double()
+    >>> with torch.no_grad():
+    ...     _ = rnn.weight_hh_l0.copy_(0.5 * torch.eye(3, dtype=torch.float64))
+    ...     _ = rnn.weight_ih_l0.zero_()
+    >>> x = torch.zeros(4, 30, 1, dtype=torch.float64)
+    >>> fp = module_fixed_points(rnn, x, torch.randn(1, 4, 3, dtype=torch.float64), held=1)
+    >>> [(len(h.points), h.points[0].stable, round(h.points[0].max_abs_eig, 9))
+    ...  for h in fp.inputs]
+    [(1, True, 0.5), (1, True, 0.5)]
+    """
+    from gatelens.cells.numerics import faithful_matmul
+    from gatelens.families.registry import open_family
+
+    fam = open_family(module, "fixed_points()")
+    call = fam.check(inputs, state)
+    with torch.no_grad(), faithful_matmul(call.inputs.device):
+        ref = fam.reference(call)
+    d = fam.dynamics(call, ref)[0]  # the forward direction
+    return dynamics_fixed_points(d, held_inputs(d, n=held), starts=starts, seed=seed)

@@ -9,9 +9,10 @@ defined in docs/methods.md.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -28,18 +29,23 @@ from gatelens.analysis import (
     decompose,
     perturb_windows,
 )
+from gatelens.analysis.context import ContextAccumulator, ContextUsed
 from gatelens.analysis.divergence import (
     DivergenceRate,
     start_vectors,
     summarize_rates,
     window_rates,
 )
+from gatelens.analysis.fixed_points import FixedPoints, dynamics_fixed_points, held_inputs
 from gatelens.analysis.perturbation import decay_from_rows, decay_rows
 from gatelens.analysis.reach import OutputReach, kl_per_position, reach_from_rows
+from gatelens.analysis.saturation import GateSaturation, SaturationAccumulator
+from gatelens.analysis.settings import DEFAULTS
+from gatelens.analysis.spectrum import LyapunovSpectrum, SpectrumAccumulator
 from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
-from gatelens.families.base import Call, Family, Reference
+from gatelens.families.base import Call, Dynamics, Family, Reference
 from gatelens.families.registry import open_family
 from gatelens.families.spec import CellSpec
 from gatelens.progress import Progress
@@ -105,6 +111,10 @@ class Analysis:
     reach: OutputReach | None = None  # None: the model gives no per-step logits
     reach_note: str | None = None  # why there is no output-level reach
     baseline: Baseline | None = None
+    lyapunov: LyapunovSpectrum | None = None  # None: not asked (exponents=0) or packed input
+    fixed_points: FixedPoints | None = None  # None: not asked (fixed_points=False)
+    context: ContextUsed | None = None  # None: the model gives no per-step logits
+    saturation: GateSaturation | None = None
     history: dict | None = None  # validation loss over training (runs only)
     control: dict | None = None  # a synthetic corpus's memoryless and best losses (runs only)
     best_step: int | None = None
@@ -144,7 +154,7 @@ def check_perturb_pos(position: int, length: int) -> None:
 
 
 #: the working memory an analysis aims at (docs/design.md "Streaming analysis")
-MEMORY_BUDGET = 1 << 30
+MEMORY_BUDGET = 3 << 28  # 768 MiB
 #: bytes a window costs, per character and unit of the carried state, in float32 units:
 #: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
 BYTES_PER_STATE = 4 * 80
@@ -155,18 +165,20 @@ def chunk_windows(fam: Family, length: int, budget: int = MEMORY_BUDGET) -> int:
 
     >>> from gatelens.families.registry import family_of
     >>> chunk_windows(family_of(torch.nn.LSTM(84, 325)), 128)
-    80
+    60
     """
     units = fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
     return max(1, int(budget // (length * units * BYTES_PER_STATE)))
 
 
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
-            perturb_pos: int = 32, seed: int = 0, init_value: float = 0.5,
+            perturb_pos: int = DEFAULTS.perturb_pos, seed: int = 0, init_value: float = 0.5,
             baseline: tuple[int, nn.Module, Runner] | None = None,
             model: dict | None = None, text: dict | None = None,
             timings: dict | None = None, chunk: int | None = None,
-            progress: bool = False) -> Analysis:
+            progress: bool = False, exponents: int | str = DEFAULTS.exponents,
+            fixed_points: bool = DEFAULTS.fixed_points,
+            memory_windows: int = DEFAULTS.memory_windows) -> Analysis:
     """Every measurement of one recurrent ``module`` on windows ``ids`` (B, T).
 
     ``runner(ids)`` returns what the module saw when the model read ``ids`` (its input and
@@ -174,6 +186,9 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     model; ``model`` and ``text`` are report.json's blocks of the same names. Windows go
     through in chunks of ``chunk`` (default: what ``MEMORY_BUDGET`` allows), every figure
     accumulated (analysis/stream.py); the traces kept for the page are the first chunk's.
+    The Lyapunov spectrum (the ``exponents`` largest, "all", 0: none) and the context used
+    are measured on the first ``memory_windows`` windows (they cost far more per window than
+    the rest); the fixed points, when asked, under the first chunk's held inputs.
 
     >>> lstm = torch.nn.LSTM(3, 4, batch_first=True)
     >>> ids = torch.randint(0, 3, (2, 12))
@@ -183,7 +198,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     (True, [1, 2, 4], 4)
     """
     clock = timings if timings is not None else {}
-    for stage in ("trace", "verification", "divergence", "analyses"):
+    for stage in ("trace", "verification", "divergence", "spectrum", "context",
+                  "fixed_points", "analyses"):
         clock.setdefault(stage, 0.0)
     B, T = ids.shape
     check_perturb_pos(perturb_pos, T)
@@ -200,6 +216,12 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     acc = _Accumulators(fam.spec, B * T * units, chars)
     base_acc = None if base_fam is None else _Accumulators(base_fam.spec, B * T * units, chars)
     kept: dict = {}
+    n_mem = min(B, memory_windows)
+    spectrum = None if exponents in (0, None) or not n_mem else SpectrumAccumulator(
+        exponents, seed, min(BURN_IN, T // 2), hidden=fam.hidden_size, windows=n_mem)
+    saturation = SaturationAccumulator()
+    context = None
+    found = None
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
     for b0 in range(0, B, step):
         w, wp = ids[b0 : b0 + step], perturbed[b0 : b0 + step]
@@ -222,10 +244,27 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
                                  [s[b0 : b0 + len(w)] for s in acc.starts])
             for name, r in rates.items():
                 acc.rates.setdefault(name, []).append(r)
+            clock["divergence"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if spectrum is not None and b0 < n_mem:
+                spectrum.update([head(d, n_mem - b0) for d in dyn])
+            clock["spectrum"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if fixed_points and found is None:
+                d = dyn[0]
+                found = dynamics_fixed_points(d, held_inputs(d, w, chars), seed=seed)
+            clock["fixed_points"] += time.perf_counter() - t0
             del dyn
-        clock["divergence"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if cap.logits is not None and b0 < n_mem and n_mem and _reach_note(
+                cap.logits, cap2.logits, w, len(chars)) is None:
+            if context is None:
+                context = ContextAccumulator(lambda i: runner(i).logits, T)
+            context.update(w[: n_mem - b0])
+        clock["context"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         dec = acc.update(tr, tr2, w, perturb_pos, cap, cap2, len(chars))
+        saturation.update(tr)
         if base_acc is not None:
             base_acc.gates.update(base_tr)
             base_acc.units.update(base_tr)
@@ -246,16 +285,38 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
         model=dict(model or {**fam.describe(), "step": None}), text=info, chars=list(chars),
         windows=ids, perturbed=perturbed, perturb_pos=perturb_pos, trace=kept["trace"],
         trace_perturbed=kept["trace_perturbed"],
-        verification=merge_results(acc.verification), gates=acc.gates.result(),
+        verification=_with_regime(merge_results(acc.verification), acc.rates,
+                                  min(BURN_IN, T // 2)), gates=acc.gates.result(),
         units=acc.units.result(init_value),
         perturbation=decay_from_rows(acc.decay, perturb_pos, T),
         decomposition=kept["decomposition"], char_classes=acc.classes.result(),
         divergence=None if not acc.rates else summarize_rates(
             {k: np.concatenate(v) for k, v in acc.rates.items()}, min(BURN_IN, T // 2)),
         reach=None if acc.reach_note else reach_from_rows(acc.reach, perturb_pos, T),
-        reach_note=acc.reach_note, baseline=base)
+        reach_note=acc.reach_note, baseline=base,
+        lyapunov=None if spectrum is None or spectrum.starts is None else spectrum.result(),
+        fixed_points=found, context=None if context is None else context.result(),
+        saturation=saturation.result())
+    a.text["memory_windows"] = n_mem
     clock["analyses"] += time.perf_counter() - t0
     return a
+
+
+def _with_regime(ver: VerifyResult, rates: dict, burn_in: int) -> VerifyResult:
+    """The verdict told the divergence rate's regime, so its words say what report.json's
+    divergence says (a contracting model whose re-run parts by rounding is not chaotic)."""
+    if not rates:
+        return ver
+    div = summarize_rates({k: np.concatenate(v) for k, v in rates.items()}, burn_in)
+    return replace(ver, regime=div.regime if math.isfinite(div.lyapunov_per_char) else None)
+
+
+def head(d: Dynamics, n: int) -> Dynamics:
+    """A Dynamics of its first ``n`` windows (the step is the same for any batch)."""
+    if n >= d.inputs.shape[0]:
+        return d
+    return replace(d, inputs=d.inputs[:n], trajectory=[p[:n] for p in d.trajectory],
+                   initial=[p[:n] for p in d.initial])
 
 
 class _Accumulators:

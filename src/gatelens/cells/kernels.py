@@ -274,3 +274,42 @@ def run_rnn(xw: Tensor, w: LayerWeights, h0: Tensor, s: Schedule, h_buf: Tensor,
     return {"pre": xw, "h": h_buf}
 
 
+
+
+def run_stack(module: nn.RNNBase, cell: str, x: Tensor, h0: Tensor, c0: Tensor | None = None,
+              lengths: Tensor | None = None) -> tuple[dict[tuple, Tensor], Tensor, Tensor | None]:
+    """Every layer and direction of ``module`` on ``x`` (T, F, B) from states (L·D, ·, B):
+    the signal buffers (T, R, B) by (layer, reverse, letter), h_n (L·D, H_out, B) and
+    c_n (L·D, H, B) or None. Dropout between layers is not applied (inference).
+
+    >>> lstm = torch.nn.LSTM(3, 4)
+    >>> bufs, h_n, c_n = run_stack(lstm, "lstm", torch.randn(5, 3, 2), torch.zeros(1, 4, 2),
+    ...                            torch.zeros(1, 4, 2))
+    >>> sorted(bufs)[:2], tuple(h_n.shape)
+    ([(0, False, 'c'), (0, False, 'f')], (1, 4, 2))
+    """
+    D = 2 if module.bidirectional else 1
+    H_out = getattr(module, "proj_size", 0) or module.hidden_size
+    T, _, B = x.shape
+    G = {"lstm": 4, "gru": 3}.get(cell, 1) * module.hidden_size
+    bufs: dict[str, Tensor] = {}
+    h_n, c_n = [], []
+    for layer in range(module.num_layers):
+        h_cat = x.new_empty(T, D * H_out, B)  # both directions' h: the next layer's input
+        for d in range(D):
+            reverse, k = d == 1, layer * D + d
+            w = layer_weights(module, cell, layer, reverse)
+            s = Schedule(T, reverse, lengths)
+            xw = project(w, x, x.new_empty(T, G, B))  # (T, G, B)
+            h_buf = h_cat[:, d * H_out : (d + 1) * H_out]  # (T, H_out, B)
+            if cell == "lstm":
+                sig = run_lstm(xw, w, h0[k], c0[k], s, h_buf)
+                c_n.append(final_state(sig["c"], s))
+            elif cell == "gru":
+                sig = run_gru(xw, w, h0[k], s, h_buf)
+            else:
+                sig = run_rnn(xw, w, h0[k], s, h_buf, relu=cell == "rnn_relu")
+            h_n.append(final_state(h_buf, s))
+            bufs.update({(layer, reverse, name): t for name, t in sig.items()})
+        x = h_cat
+    return bufs, torch.stack(h_n), (torch.stack(c_n) if c_n else None)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gatelens.cells.names import layer_name
 from gatelens.cells.scan import scan, scan_sequential
 from gatelens.errors import GatelensError
 
@@ -115,8 +116,8 @@ class ModernRNN(nn.Module, abc.ABC):
             below = self.block(k, layer["h"], below)  # (B, T, H)
             finals.append(final)
             if signals:
-                sig.update({f"layer{k}.{n}": t for n, t in layer.items()})
-                sig[f"layer{k}.y"] = below
+                sig.update({f"{layer_name(k)}.{n}": t for n, t in layer.items()})
+                sig[f"{layer_name(k)}.y"] = below
         return below, self._pack(finals), sig
 
     #: minGRU/minLSTM's forward: "parallel" (the scan), "sequential", or "auto": the scan
@@ -152,7 +153,7 @@ class ModernRNN(nn.Module, abc.ABC):
 
     def free_states(self, sig: dict[str, Tensor]) -> list[Tensor]:
         """``stack_step``'s state along a run's signals, (B, T, H) per part, layer by layer."""
-        return [sig[f"layer{k}.h"] for k in range(self.num_layers)]
+        return [sig[f"{layer_name(k)}.h"] for k in range(self.num_layers)]
 
 
 class MinGRU(ModernRNN):
@@ -250,7 +251,7 @@ class SLSTM(ModernRNN):
     def free_states(self, sig: dict[str, Tensor]) -> list[Tensor]:
         out = []
         for k in range(self.num_layers):
-            h, s, m, n = (sig[f"layer{k}.{x}"] for x in ("h", "s", "m", "n"))
+            h, s, m, n = (sig[f"{layer_name(k)}.{x}"] for x in ("h", "s", "m", "n"))
             out += [h, s, m + torch.log(n)]  # (B, T, H)
         return out
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.cells.equations import cell_weights, step
+from gatelens.cells.names import layer_name
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.lstm import input_projection, one_hot_ids
 from gatelens.families.torch_rnn import TorchRNNFamily, max_diff, previous
@@ -39,7 +40,7 @@ class TorchFamilyNoCell(TorchRNNFamily):
         with torch.no_grad():
             for k, reverse, name, _ in self.directions_of():
                 w = cell_weights(self.module, k, reverse)
-                X = ref.inputs[f"layer{k}"]  # (B, T, F_k)
+                X = ref.inputs[layer_name(k)]  # (B, T, F_k)
                 h = ref.states[name + ".h"]  # (B, T, H)
                 xw = input_projection(w.w_ih, X, one_hot_ids(X) if k == 0 else None)
                 if w.b_ih is not None:
@@ -61,7 +62,7 @@ class TorchFamilyNoCell(TorchRNNFamily):
         with torch.no_grad():
             for k, reverse, name, _ in self.directions_of():
                 h = ref.states[name + ".h"]
-                sig = step(cell_weights(self.module, k, reverse), ref.inputs[f"layer{k}"],
+                sig = step(cell_weights(self.module, k, reverse), ref.inputs[layer_name(k)],
                            previous(h, ref.initial[name][0], reverse))
                 rows.append(LayerDiff(k, reverse, max_diff(sig["h"], h), None))
         return rows

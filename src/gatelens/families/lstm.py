@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.cells.equations import cell_weights, step
+from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.torch_rnn import TorchRNNFamily, like, max_diff, previous
@@ -110,7 +111,7 @@ class LSTMFamily(TorchRNNFamily):
     def _read_layer(self, call: Call, ref: Reference, k: int, reverse: bool,
                     name: str) -> dict[str, Tensor]:
         w = cell_weights(self.module, k, reverse)
-        X = ref.inputs[f"layer{k}"]  # (B, T, F_k)
+        X = ref.inputs[layer_name(k)]  # (B, T, F_k)
         h0, c0 = ref.initial[name]
         B, T, H = X.shape[0], X.shape[1], self.hidden_size
         # rows reordered once to i, f, o, g, so one sigmoid covers the three gates
@@ -187,7 +188,7 @@ class LSTMFamily(TorchRNNFamily):
         """c at every step from PyTorch's own cell, one call a step (B, T, H); and the h each
         call returned (B, T, H_out), to show the calls sat on the module's trajectory."""
         cell = self._direction(k, reverse)
-        X, h = ref.inputs[f"layer{k}"], ref.states[name + ".h"]
+        X, h = ref.inputs[layer_name(k)], ref.states[name + ".h"]
         h_init, c_prev = ref.initial[name]
         T = X.shape[1]
         c_out, h_out = [None] * T, [None] * T
@@ -207,7 +208,7 @@ class LSTMFamily(TorchRNNFamily):
         with torch.no_grad():
             for k, reverse, name, _ in self.directions_of():
                 h0, c0 = ref.initial[name]
-                sig = step(cell_weights(self.module, k, reverse), ref.inputs[f"layer{k}"],
+                sig = step(cell_weights(self.module, k, reverse), ref.inputs[layer_name(k)],
                            previous(st[name + ".h"], h0, reverse),
                            previous(st[name + ".c"], c0, reverse))
                 dc, sc = (max_diff(sig["c"], st[name + ".c"], s) for s in (False, True))

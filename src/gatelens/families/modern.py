@@ -39,7 +39,7 @@ def layer_diff(k: int, got: dict[str, Tensor], got_final: Tensor, ref: dict[str,
                ref_final: Any) -> LayerDiff:
     """One layer's h, y and final h against a reference trajectory: absolute and scaled."""
     h_n = (ref_final if isinstance(ref_final, Tensor) else ref_final[0])[k]  # (B, H)
-    h, y = ref[f"layer{k}.h"], ref[f"layer{k}.y"]  # (B, T, H)
+    h, y = ref[f"{layer_name(k)}.h"], ref[f"{layer_name(k)}.y"]  # (B, T, H)
     abs_, scaled = 0.0, 0.0
     for a, b, scale in ((got["h"], h, _scale(h)), (got["y"], y, _scale(y)),
                         (got_final, h_n, _scale(h)[:, 0])):
@@ -98,9 +98,9 @@ class ModernFamily(Family):
         mode = self.module.scan_mode
         parallel = mode == "parallel" or (mode == "auto" and call.inputs.is_cuda)
         sig, final = self._run(call, parallel)
-        inputs = {layer_name(k): call.inputs if k == 0 else sig[f"layer{k - 1}.y"]
+        inputs = {layer_name(k): call.inputs if k == 0 else sig[f"{layer_name(k - 1)}.y"]
                   for k in range(self.num_layers)}
-        return Reference(sig, inputs, {}, sig[f"layer{self.num_layers - 1}.y"], final,
+        return Reference(sig, inputs, {}, sig[f"{layer_name(self.num_layers - 1)}.y"], final,
                          {"parallel": parallel})
 
     def _readout(self, sig: dict[str, Tensor], final: Any, method: str) -> Readout:
@@ -133,7 +133,7 @@ class ModernFamily(Family):
         with torch.no_grad():
             init = m._states(call.state, call.inputs)
             for k in range(self.num_layers):
-                below = None if k == 0 else sig[f"layer{k - 1}.y"]
+                below = None if k == 0 else sig[f"{layer_name(k - 1)}.y"]
                 inp = call.inputs if k == 0 else m.norm_in[k - 1](below)
                 out, fin = m.layer(k, inp, init[k], parallel=False)
                 y = m.block(k, out["h"], below)
@@ -149,12 +149,12 @@ class ModernFamily(Family):
         return self._judge(readout, ref.states, ref.final)
 
     def _judge(self, readout: Readout, states: dict[str, Tensor], final: Any) -> list[LayerDiff]:
-        return [layer_diff(k, {s: readout.signals[f"layer{k}.{s}"] for s in ("h", "y")},
+        return [layer_diff(k, {s: readout.signals[f"{layer_name(k)}.{s}"] for s in ("h", "y")},
                            readout.h_n[k], states, final) for k in range(self.num_layers)]
 
     def output_diff(self, readout: Readout, output: Any) -> float:
         out = output[0]
-        top = readout.signals[f"layer{self.num_layers - 1}.y"]
+        top = readout.signals[f"{layer_name(self.num_layers - 1)}.y"]
         return float((top.double() - out.detach().double()).abs().max())
 
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:

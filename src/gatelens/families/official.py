@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.spec import cell_spec, gate_names
@@ -216,10 +217,10 @@ class OfficialFamily(Family, abc.ABC):
             after = [p.double() for p in tr["parts"][k]]  # (B, T, n_i) each
             flat = [p.reshape(-1, p.shape[-1]) for p in after]
             s = self.state_of(k, flat).reshape(B, call.length, -1)  # (B, T, S)
-            states[f"layer{k}.{self.spec.state}"] = s.to(call.inputs.dtype)
-            states[f"layer{k}.y"] = tr["y"][k]
-            inputs[f"layer{k}"] = tr["u"][k]
-            initial[f"layer{k}"] = tuple(self.initial_parts(k, B))
+            states[f"{layer_name(k)}.{self.spec.state}"] = s.to(call.inputs.dtype)
+            states[f"{layer_name(k)}.y"] = tr["y"][k]
+            inputs[layer_name(k)] = tr["u"][k]
+            initial[layer_name(k)] = tuple(self.initial_parts(k, B))
         extra = {"x": tr["x"], "xo": tr["xo"], "parts": tr["parts"], "aux": tr["aux"],
                  "step_output": tr["output"],
                  "step_vs_forward": scaled_diff(tr["output"], output)}
@@ -228,7 +229,7 @@ class OfficialFamily(Family, abc.ABC):
 
     def _previous(self, k: int, ref: Reference) -> list[Tensor]:
         """Layer k's parts before each step t (the initial state at t = 0), (B, T, n_i)."""
-        init = ref.initial[f"layer{k}"]
+        init = ref.initial[layer_name(k)]
         return [torch.cat([i0.to(p)[:, None], p[:, :-1].double()], dim=1)
                 for i0, p in zip(init, ref.extra["parts"][k], strict=True)]
 
@@ -239,13 +240,13 @@ class OfficialFamily(Family, abc.ABC):
         with torch.no_grad():
             for k in range(self.num_layers):
                 prev = [p.reshape(B * T, -1) for p in self._previous(k, ref)]
-                u = ref.inputs[f"layer{k}"].double().reshape(B * T, -1)
+                u = ref.inputs[layer_name(k)].double().reshape(B * T, -1)
                 aux = ref.extra["aux"][k]
                 aux = None if aux is None else aux.double().reshape(B * T, -1)
                 sig, new, y = self.step_cell(k, m, u, prev, aux)
                 sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
                 for letter in self.spec.signals:
-                    signals[f"layer{k}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
+                    signals[f"{layer_name(k)}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
         return Readout(signals=signals, meta={"method": "anchored", "family": self.name})
 
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
@@ -253,7 +254,7 @@ class OfficialFamily(Family, abc.ABC):
         for k in range(self.num_layers):
             worst = (0.0, 0.0)
             for letter in (self.spec.state, "y"):
-                name = f"layer{k}.{letter}"
+                name = f"{layer_name(k)}.{letter}"
                 d = scaled_diff(readout.signals[name], ref.states[name])
                 worst = (max(worst[0], d[0]), max(worst[1], d[1]))
             rows.append(LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1]))
@@ -266,8 +267,8 @@ class OfficialFamily(Family, abc.ABC):
         m, out = self.float64(), []
         with torch.no_grad():
             for k in range(self.num_layers):
-                x, u = ref.extra["x"][k].double(), ref.inputs[f"layer{k}"]
-                y, xo = ref.states[f"layer{k}.y"].double(), ref.extra["xo"][k]
+                x, u = ref.extra["x"][k].double(), ref.inputs[layer_name(k)]
+                y, xo = ref.states[f"{layer_name(k)}.y"].double(), ref.extra["xo"][k]
                 ds = [scaled_diff(self.pre(k, m, x), u), scaled_diff(self.post(k, m, x, y), xo)]
                 if k == self.num_layers - 1:
                     ds.append(scaled_diff(self.final(m, xo.double()), ref.extra["step_output"]))
@@ -297,7 +298,7 @@ class OfficialFamily(Family, abc.ABC):
                     sig = {**sig, self.spec.state: self.state_of(k, parts[k]), "y": y}
                     x = self.post(k, m, x, y)
                     for letter in self.spec.signals:
-                        seq.setdefault(f"layer{k}.{letter}", []).append(sig[letter])
+                        seq.setdefault(f"{layer_name(k)}.{letter}", []).append(sig[letter])
         signals = {n: torch.stack(v, dim=1).to(dtype) for n, v in seq.items()}
         return Readout(signals={n: signals[n] for n in self.names()},
                        meta={"method": "free-running", "family": self.name})

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gatelens.cells.names import layer_name, layer_names  # noqa: F401 - re-exported
+
 SIGMOID = (0.0, 1.0)
 TANH = (-1.0, 1.0)
 
@@ -222,25 +224,6 @@ def signals(cell: str, proj: bool = False) -> tuple[str, ...]:
     if cell != "lstm":
         raise ValueError(f"proj=True applies to the lstm only, not {cell!r}")
     return letters[:-1] + (PROJ_SIGNAL, letters[-1])
-
-
-def layer_name(layer: int, reverse: bool = False) -> str:
-    """The name of one layer and direction: the prefix of its trace names.
-
-    >>> layer_name(0), layer_name(1, reverse=True)
-    ('layer0', 'layer1.reverse')
-    """
-    return f"layer{layer}{'.reverse' if reverse else ''}"
-
-
-def layer_names(num_layers: int, bidirectional: bool = False) -> list[str]:
-    """Every layer and direction, in trace order.
-
-    >>> layer_names(2, bidirectional=True)
-    ['layer0', 'layer0.reverse', 'layer1', 'layer1.reverse']
-    """
-    dirs = (False, True) if bidirectional else (False,)
-    return [layer_name(k, r) for k in range(num_layers) for r in dirs]
 
 
 def gate_names(

@@ -282,34 +282,9 @@ class TorchRNNFamily(Family):
                     lengths: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor,
                                                              Tensor | None]:
         """Every layer and direction on ``x`` (T, F, B) from states (L·D, ·, B): the signal
-        buffers (T, R, B) by trace name, h_n (L·D, H_out, B) and c_n or None. Dropout between
-        layers is not applied (inference)."""
-        m, cell = self.module, self.spec.name
-        D, H_out = self.directions, self.output_size
-        T, _, B = x.shape
-        G = self.spec.n_chunks * m.hidden_size
-        bufs: dict[str, Tensor] = {}
-        h_n, c_n = [], []
-        for layer in range(m.num_layers):
-            h_cat = x.new_empty(T, D * H_out, B)  # both directions' h: the next layer's input
-            for d in range(D):
-                reverse, k = d == 1, layer * D + d
-                w = kernels.layer_weights(m, cell, layer, reverse)
-                s = kernels.Schedule(T, reverse, lengths)
-                xw = kernels.project(w, x, x.new_empty(T, G, B))  # (T, G, B)
-                h_buf = h_cat[:, d * H_out : (d + 1) * H_out]  # (T, H_out, B)
-                if cell == "lstm":
-                    sig = kernels.run_lstm(xw, w, h0[k], c0[k], s, h_buf)
-                    c_n.append(kernels.final_state(sig["c"], s))
-                elif cell == "gru":
-                    sig = kernels.run_gru(xw, w, h0[k], s, h_buf)
-                else:
-                    sig = kernels.run_rnn(xw, w, h0[k], s, h_buf, relu=cell == "rnn_relu")
-                h_n.append(kernels.final_state(h_buf, s))
-                prefix = layer_name(layer, reverse) + "."
-                bufs.update({prefix + name: t for name, t in sig.items()})
-            x = h_cat
-        return bufs, torch.stack(h_n), (torch.stack(c_n) if c_n else None)
+        buffers (T, R, B) by trace name, h_n and c_n (``cells.kernels.run_stack``)."""
+        bufs, h_n, c_n = kernels.run_stack(self.module, self.spec.name, x, h0, c0, lengths)
+        return {f"{layer_name(k, r)}.{s}": b for (k, r, s), b in bufs.items()}, h_n, c_n
 
     # ---- checks ----------------------------------------------------------------------
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:

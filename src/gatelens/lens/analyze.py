@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gatelens.analysis.measure import Analysis, check_perturb_pos
+from gatelens.analysis.settings import DEFAULTS
 from gatelens.lens.lens import Lens
 from gatelens.lens.run import load_run
 
@@ -28,10 +29,13 @@ def _say(progress: bool, msg: str) -> None:
 
 
 def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path | None = None,
-            windows: int | str = 32, length: int = 128, perturb_pos: int = 32,
+            windows: int | str = DEFAULTS.windows, length: int = DEFAULTS.length,
+            perturb_pos: int = DEFAULTS.perturb_pos,
             out: str | Path | None = None, progress: bool = True,
-            timings: dict | None = None, plots: bool = True,
-            chunk: int | None = None) -> Analysis:
+            timings: dict | None = None, plots: bool = True, chunk: int | None = None,
+            exponents: int | str = DEFAULTS.exponents,
+            fixed_points: bool = DEFAULTS.fixed_points,
+            memory_windows: int = DEFAULTS.memory_windows) -> Analysis:
     """Analyse a run's model; write OUT/report.json, report.md, plots/*.png and report.html.
 
     ``out`` defaults to RUN/analysis. ``windows="all"``: every whole window of the
@@ -56,7 +60,8 @@ def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path
     _say(progress, f"tracing {ids.shape[0]} windows of {length} characters")
     a = lens.measure(RUN_MODULE, ids, list(info.vocab), perturb_pos=perturb_pos,
                      text={"windows": int(ids.shape[0]), "length": length, "source": source},
-                     chunk=chunk, progress=progress, timings=clock)
+                     chunk=chunk, progress=progress, timings=clock, exponents=exponents,
+                     fixed_points=fixed_points, memory_windows=memory_windows)
     a.model["path"] = ""  # a gatelens run: the module is the run's own (design.md)
     t0 = time.perf_counter()
     write_analysis(a, dest, plots=plots)
@@ -66,10 +71,12 @@ def analyze(run: str | Path, *, checkpoint: str | int = "best", text: str | Path
     return a
 
 
-def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int | str = 32,
-                    length: int = 128, perturb_pos: int = 32, out: str | Path,
-                    seed: int = 0, chunk: int | None = None,
-                    progress: bool = False) -> Analysis:
+def analyze_foreign(model: ForeignModel, *, text: str | Path,
+                    windows: int | str = DEFAULTS.windows, length: int = DEFAULTS.length,
+                    perturb_pos: int = DEFAULTS.perturb_pos, out: str | Path,
+                    seed: int = 0, chunk: int | None = None, progress: bool = False,
+                    exponents: int | str = DEFAULTS.exponents,
+                    fixed_points: bool = DEFAULTS.fixed_points) -> Analysis:
     """Analyse weights gatelens did not train (``gatelens.lens.foreign``) on the first windows
     of a text file, through ``Lens``; writes the same files as ``analyze``."""
     from gatelens.report.write import write_analysis
@@ -78,7 +85,8 @@ def analyze_foreign(model: ForeignModel, *, text: str | Path, windows: int | str
     ids, chars, source = lens.windows(Path(text), windows, length)  # (B, T)
     a = lens.measure(RUN_MODULE, ids, chars, perturb_pos=perturb_pos, seed=seed,
                      text={"windows": int(ids.shape[0]), "length": length,
-                           "source": str(text)}, chunk=chunk, progress=progress)
+                           "source": str(text)}, chunk=chunk, progress=progress,
+                     exponents=exponents, fixed_points=fixed_points)
     a.model.update(path=model.prefix.rstrip("."), weights=str(model.source),
                    notes=list(getattr(model, "notes", [])))  # report.md shows the notes
     a.model.pop("class", None)

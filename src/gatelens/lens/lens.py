@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
+from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
@@ -261,9 +262,13 @@ class Lens:
         fam = lens.families[path]
         return base.gatelens_run.step, fam.module, lens._runner(base, fam, path)
 
-    def measure(self, path: str, ids: Tensor, chars: list[str], *, perturb_pos: int = 32,
+    def measure(self, path: str, ids: Tensor, chars: list[str], *,
+                perturb_pos: int = DEFAULTS.perturb_pos,
                 seed: int | None = None, text: dict | None = None, chunk: int | None = None,
-                progress: bool = False, timings: dict | None = None) -> Analysis:
+                progress: bool = False, timings: dict | None = None,
+                exponents: int | str = DEFAULTS.exponents,
+                fixed_points: bool = DEFAULTS.fixed_points,
+                memory_windows: int = DEFAULTS.memory_windows) -> Analysis:
         """Every measurement of the module at ``path`` on windows ``ids`` (B, T): the one
         path ``Lens.analyze``, ``gatelens analyze RUN`` and ``--weights`` take."""
         from gatelens.analysis.measure import measure
@@ -275,16 +280,19 @@ class Lens:
                     baseline=self._baseline(path), model=self.describe(path),
                     text=text or {"windows": int(ids.shape[0]), "length": int(ids.shape[1]),
                                   "source": "ids"},
-                    chunk=chunk, progress=progress, timings=timings)
+                    chunk=chunk, progress=progress, timings=timings, exponents=exponents,
+                    fixed_points=fixed_points, memory_windows=memory_windows)
         if self.run is not None:
             a.history, a.best_step, a.control = (self.run.history(), self.run.best_step,
                                                  self.run.control())
         return a
 
-    def analyze(self, text_or_ids: str | os.PathLike | Tensor, *, windows: int | str = 32,
-                length: int = 128, perturb_pos: int = 32, out: str | os.PathLike | None = None,
-                seed: int | None = None, chunk: int | None = None,
-                progress: bool = False) -> LensResult:
+    def analyze(self, text_or_ids: str | os.PathLike | Tensor, *,
+                windows: int | str = DEFAULTS.windows, length: int = DEFAULTS.length,
+                perturb_pos: int = DEFAULTS.perturb_pos, out: str | os.PathLike | None = None,
+                seed: int | None = None, chunk: int | None = None, progress: bool = False,
+                exponents: int | str = DEFAULTS.exponents,
+                fixed_points: bool = DEFAULTS.fixed_points) -> LensResult:
         """Measure every recurrent module; with ``out``, write OUT/<path or "model">/report.*
         and OUT/index.html (each analysis appears whole). ``seed`` draws the replacement
         characters (default: the run's seed for a run's model, else 0)."""
@@ -293,7 +301,8 @@ class Lens:
         ids, chars, source = self.windows(text_or_ids, windows, length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
         analyses = {path: self.measure(path, ids, chars, perturb_pos=perturb_pos, seed=seed,
-                                       text=text, chunk=chunk, progress=progress)
+                                       text=text, chunk=chunk, progress=progress,
+                                       exponents=exponents, fixed_points=fixed_points)
                     for path in self.families}
         notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
         result = LensResult(analyses, None if out is None else Path(out), notes=notes)

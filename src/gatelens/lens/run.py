@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.training.model import CharLM, initial_keep_value
 from gatelens.training.runs import checkpoint_steps, read_history
@@ -86,7 +87,7 @@ class RunInfo:
                 "best_loss": synthetic["best_loss"],
                 "best_val_loss": (self.config.get("best") or {}).get("val_loss")}
 
-    def windows(self, windows: int | str = 32, length: int = 128,
+    def windows(self, windows: int | str = DEFAULTS.windows, length: int = DEFAULTS.length,
                 text: str | Path | None = None) -> tuple[torch.Tensor, str]:
         """The analysis windows, (B, T) int64, and their source: ``text``'s first windows,
         else windows evenly spaced over the validation split of the run's own corpus

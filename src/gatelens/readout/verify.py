@@ -45,6 +45,21 @@ __all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "merge_result
 
 #: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
 VERIFY_TOL = 1e-5
+#: Half precision rounds every step at its own epsilon: its tolerance is this many of them.
+HALF_EPS = 4
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    """The verification tolerance of a dtype: 1e-5 for float32 and float64 (docs/methods.md),
+    4 × the machine epsilon for float16 (3.9e-3) and bfloat16 (3.1e-2), which round every
+    step at that scale.
+
+    >>> tolerance_for(torch.float32), tolerance_for(torch.float16), tolerance_for(torch.bfloat16)
+    (1e-05, 0.00390625, 0.03125)
+    """
+    if not dtype.is_floating_point:
+        return VERIFY_TOL
+    return max(VERIFY_TOL, HALF_EPS * torch.finfo(dtype).eps)
 
 
 def passes(diff_h: float, diff_c: float | None, tol: float = VERIFY_TOL) -> bool:
@@ -78,6 +93,17 @@ class VerifyResult:
     #: largest |value| in the window, at least 1 (families/modern.py); what h is judged by.
     one_step_max_scaled_diff_h: float | None = None
     trace_max_scaled_diff_h: float | None = None  # a given trace, the same rule
+    #: the divergence rate's regime ("contracting", "chaotic") when an analysis measured it:
+    #: what "chaotic" means in the words, so they and report.json never disagree
+    regime: str | None = None
+
+    @property
+    def nonfinite(self) -> bool:
+        """A figure is NaN or infinite: the module's own output (its weights or input) is not
+        finite, so there is nothing to verify."""
+        vals = [self.one_step_max_abs_diff_h, self.one_step_max_scaled_diff_c,
+                self.one_step_max_scaled_diff_h, self.free_running_max_abs_diff_h]
+        return any(v is not None and not math.isfinite(v) for v in vals)
 
     @property
     def judged_diff_h(self) -> float:
@@ -105,7 +131,9 @@ class VerifyResult:
     def passed(self) -> bool:
         """The one-step error within ``tol`` (h absolutely, or on its scale for the modern
         cells; c scaled by max(1, |c|)), and a given trace on the module's trajectory by the
-        same rule."""
+        same rule. Never when a figure is not finite."""
+        if self.nonfinite:
+            return False
         ok = passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol)
         if self.trace_max_abs_diff_h is not None:
             ok = ok and passes(self._trace_h, self.trace_max_scaled_diff_c, self.tol)
@@ -120,7 +148,10 @@ class VerifyResult:
 
     @property
     def chaotic(self) -> bool:
-        """The free-running re-run parted from PyTorch while each step is right."""
+        """The model is chaotic on this text: the divergence rate says so when it was
+        measured, else the free-running re-run parted from PyTorch while each step is right."""
+        if self.regime is not None:
+            return self.regime == "chaotic"
         return self.free_running_max_abs_diff_h > self.tol
 
     def explain(self) -> str:
@@ -130,6 +161,9 @@ class VerifyResult:
         >>> "(passed)" in text and "chaotic" in text
         True
         """
+        if self.nonfinite:
+            return ("the module's own states hold NaN or Inf on this text: its weights or its "
+                    "input are not finite, so the read-out cannot be checked (FAILED).")
         if self.one_step_max_abs_diff_h is None:
             verdict = (f"free-running difference {self.max_abs_diff_h:.3g} "
                        f"{'<=' if self.passed else '>'} {self.tol:g} (packed input: the "
@@ -144,7 +178,12 @@ class VerifyResult:
                + ("each step is PyTorch's computation (passed)." if ok else
                   "the read-out does not compute PyTorch's cell (FAILED)."))
         fr = self.free_running_max_abs_diff_h
-        if self.chaotic:
+        if fr > self.tol and not self.chaotic:
+            out += (f" Free-running divergence {fr:.3g} is above the tolerance although the "
+                    "model contracts on this text (its divergence rate λ < 0): rounding at "
+                    f"{self.meta.get('dtype', 'this')} precision carried along the re-run, not "
+                    "chaos and not an error.")
+        elif self.chaotic:
             out += (f" Free-running divergence {fr:.3g}: the model is chaotic on this text, so "
                     "two correct implementations part after a few dozen steps; this is the "
                     "model's property, not an error, and the anchored read-out follows the "
@@ -197,12 +236,15 @@ class VerifyResult:
         >>> sorted(VerifyResult("gru", [], 6.85e-07, None, None, 1e-6).to_report())[:2]
         ['free_running_max_abs_diff_h', 'one_step_max_abs_diff_c']
         """
-        return {"one_step_max_abs_diff_h": self.one_step_max_abs_diff_h,
-                "one_step_max_abs_diff_c": self.one_step_max_abs_diff_c,
-                "one_step_max_scaled_diff_c": self.one_step_max_scaled_diff_c,
-                "one_step_max_scaled_diff_h": self.one_step_max_scaled_diff_h,
-                "free_running_max_abs_diff_h": self.free_running_max_abs_diff_h,
-                "tolerance": self.tol, "passed": self.passed}
+        fin = _finite_or_none
+        return {"one_step_max_abs_diff_h": fin(self.one_step_max_abs_diff_h),
+                "one_step_max_abs_diff_c": fin(self.one_step_max_abs_diff_c),
+                "one_step_max_scaled_diff_c": fin(self.one_step_max_scaled_diff_c),
+                "one_step_max_scaled_diff_h": fin(self.one_step_max_scaled_diff_h),
+                "free_running_max_abs_diff_h": fin(self.free_running_max_abs_diff_h),
+                "tolerance": self.tol, "passed": self.passed,
+                "tolerance_rule": self.meta.get("tolerance_rule"),
+                "nonfinite": self.nonfinite}
 
 
 def _maxes(rows: list[LayerDiff], attr: str) -> float | None:
@@ -210,8 +252,15 @@ def _maxes(rows: list[LayerDiff], attr: str) -> float | None:
     return max(vals) if vals else None
 
 
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
 def _max_or_none(values: list) -> float | None:
+    """The largest value, None without any; NaN wins (a NaN chunk is a NaN verdict)."""
     vals = [v for v in values if v is not None]
+    if any(math.isnan(v) for v in vals):
+        return math.nan
     return max(vals) if vals else None
 
 
@@ -245,9 +294,15 @@ def merge_results(results: list[VerifyResult]) -> VerifyResult:
 
 
 def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout | None = None,
-                tol: float = VERIFY_TOL) -> VerifyResult:
+                tol: float | None = None) -> VerifyResult:
     """``verify`` on a call already checked and a reference already computed (compute once:
-    ``gatelens.analysis.measure`` shares them with the read-out and the dynamics)."""
+    ``gatelens.analysis.measure`` shares them with the read-out and the dynamics). ``tol``
+    None: the module's dtype's (``tolerance_for``)."""
+    dtype = next((p.dtype for p in fam.module.parameters()), call.inputs.dtype)
+    rule = (f"given ({tol:g})" if tol is not None else
+            "1e-5 (float32/float64)" if tolerance_for(dtype) == VERIFY_TOL else
+            f"{HALF_EPS} × the machine epsilon of {dtype} (half precision)")
+    tol = tolerance_for(dtype) if tol is None else tol
     check_tol(tol)
     packed = call.layout.get("packed") is not None
     with torch.no_grad(), faithful_matmul(call.inputs.device), warnings.catch_warnings():
@@ -275,7 +330,7 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
         trace_max_abs_diff_h=None if given is None else _maxes(given, "max_abs_diff_h"),
         trace_max_scaled_diff_c=None if given is None else _maxes(given, "max_scaled_diff_c"),
         tol=tol, meta={"dtype": str(call.inputs.dtype if w is None else w.dtype),
-                       "family": fam.name},
+                       "family": fam.name, "tolerance_rule": rule},
         one_step_max_scaled_diff_h=None if one is None else _maxes(one, "max_scaled_diff_h"),
         trace_max_scaled_diff_h=None if given is None else _maxes(given, "max_scaled_diff_h"))
 
@@ -293,9 +348,10 @@ def check_tol(tol: float) -> None:
 
 
 def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None,
-           trace: Trace | None = None, tol: float = VERIFY_TOL) -> VerifyResult:
+           trace: Trace | None = None, tol: float | None = None) -> VerifyResult:
     """The one-step error and the free-running divergence of ``module`` on ``inputs`` (what
     the module takes); with ``trace``, also that trace against the module's own states.
+    ``tol`` None: 1e-5, or 4 × the machine epsilon for float16/bfloat16 (``tolerance_for``).
 
     >>> import torch
     >>> gru = torch.nn.GRU(2, 3, batch_first=True)

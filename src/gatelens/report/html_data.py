@@ -28,6 +28,7 @@ import numpy as np
 from gatelens.analysis.common import finite_or_none, pooled
 from gatelens.analysis.units import half_life as analysis_half_life
 from gatelens.analysis.units import unit_means
+from gatelens.cells.names import layer_name
 from gatelens.families.spec import cell_spec
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def _np(t: Any) -> np.ndarray:
 
 def _signals(trace: Any, layer: int) -> list[str]:
     """Signal letters a trace holds for one forward layer, in storage order."""
-    prefix = f"layer{layer}."
+    prefix = f"{layer_name(layer)}."
     return [n[len(prefix):] for n in trace if n.startswith(prefix) and "." not in n[len(prefix):]]
 
 
@@ -111,7 +112,7 @@ def _layer_means(analysis: Analysis, trained: bool) -> list[np.ndarray]:
     if units is not None:
         return np.split(units.forget_means, L)
     if tr.keep_gate is None:
-        return [unit_means(tr[f"layer{k}.h"]) for k in range(L)]
+        return [unit_means(tr[f"{layer_name(k)}.h"]) for k in range(L)]
     return [np.full(tr["layer0.h"].shape[-1], np.nan)] * L
 
 
@@ -121,7 +122,7 @@ def _unit_tables(analysis: Analysis) -> dict[str, dict[str, list]]:
     trained = _layer_means(analysis, True)
     init = _layer_means(analysis, False) if analysis.baseline is not None else [
         np.full_like(m, np.nan) for m in trained]
-    return {f"layer{k}": {
+    return {layer_name(k): {
         "signal": keep or "h", "mean": [_sig(v) for v in mean], "init": [_sig(v) for v in ini],
         "shift": [_sig(v) for v in mean - ini],
         "half_life": [_sig(half_life(v)) if keep and half_life(v) is not None else None
@@ -199,7 +200,7 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
     (['i', 'f', 'g', 'o', 'c', 'h'], 3, [3, 12, 4])
     """
     trace, base = analysis.trace, analysis.baseline_trace
-    layers = [f"layer{k}" for k in range(int(trace.num_layers))]
+    layers = [layer_name(k) for k in range(int(trace.num_layers))]
     signals = _signals(trace, 0)
     n = _window_count(analysis, len(layers), len(signals), max_windows)
     rows = list(range(n))

@@ -1,4 +1,4 @@
-"""report.json, version 2 (docs/design.md; version 1 files are still read): assembling it,
+"""report.json, version 3 (docs/design.md; version 1 and 2 files are still read): assembling it,
 its schema, reading the history.
 
 Keys that do not apply to a cell are null, never missing; infinities are null (JSON has
@@ -13,6 +13,7 @@ no inf). Extra keys beside docs/design.md's: "pooling", "baseline.step", "shift_
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,16 +26,16 @@ from gatelens.training.runs import read_history  # noqa: F401 - report.json's hi
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
 
-VERSION = 2
+VERSION = 3
 POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
            "every layer's state concatenated, each scaled by its own layer's keep gate")
 
 
 def schema() -> dict:
-    """The JSON schema of report.json v2 (``gatelens/report/schema.json``).
+    """The JSON schema of report.json v3 (``gatelens/report/schema.json``).
 
     >>> schema()["properties"]["version"]
-    {'enum': [1, 2]}
+    {'enum': [1, 2, 3]}
     """
     return json.loads(resources.files(__package__).joinpath("schema.json").read_text("utf-8"))
 
@@ -88,9 +89,45 @@ def build_report(a: Analysis) -> dict:
             "description": a.reach.describe()},
         "output_reach_note": a.reach_note,
         "control_losses": a.control,
+        "lyapunov": None if a.lyapunov is None else {
+            **a.lyapunov.to_dict(), "k": a.lyapunov.k, "size": a.lyapunov.size,
+            "windows": a.text.get("memory_windows"), "description": a.lyapunov.describe()},
+        "fixed_points": None if a.fixed_points is None else {
+            **a.fixed_points.to_dict(), "description": a.fixed_points.describe()},
+        "context": None if a.context is None else {
+            **a.context.to_dict(), "windows": a.text.get("memory_windows"),
+            "description": a.context.describe()},
+        "saturation": None if a.saturation is None else a.saturation.to_dict(),
     }
+    nonfinite = sanitize(report)
+    report["nonfinite"] = None if not nonfinite else {
+        "count": len(nonfinite), "paths": nonfinite[:20],
+        "reason": "figures that are NaN or infinite where a number was due (the module's "
+                  "states or weights are not finite on this text) are null here"}
     check_report(report)
     return report
+
+
+def sanitize(node: object, path: str = "") -> list[str]:
+    """Replace every NaN in ``node`` (in place) by None: JSON has no NaN, and a report must
+    be valid JSON whatever the figures. Returns where they were. (Infinities are already
+    null by the result objects' own rule: a half-life that never halves.)
+
+    >>> rep = {"a": [1.0, float("nan")], "b": {"c": float("inf")}}
+    >>> sanitize(rep), rep
+    (['/a[1]', '/b/c'], {'a': [1.0, None], 'b': {'c': None}})
+    """
+    found: list[str] = []
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, list) else ()
+    for k, v in list(items):
+        where = f"{path}/{k}" if isinstance(node, dict) else f"{path}[{k}]"
+        if isinstance(v, float) and not math.isfinite(v):
+            node[k] = None
+            found.append(where)
+        elif isinstance(v, (dict, list)):
+            found += sanitize(v, where)
+    return found
 
 
 def check_report(report: dict) -> None:

@@ -13,6 +13,8 @@ saved report.json can be re-rendered.
 
 from __future__ import annotations
 
+import math
+
 from gatelens.analysis.units import HALF_LIFE_LONG
 from gatelens.report.tables import (
     GATE_NAMES,
@@ -128,6 +130,65 @@ def _reach(rep: dict) -> list[str]:
         "of the changed character; this one says what it still uses to predict."]
 
 
+def _memory(rep: dict) -> list[str]:
+    """The state's memory by direction: the Lyapunov spectrum and its slow modes."""
+    ly = rep.get("lyapunov")
+    if not ly:
+        return ["Not measured (`--exponents 0`, packed input, or a report before version 3)."]
+    ex = ly["exponents"]
+    rows = [[i + 1, v, None if v is None or v >= 0 else math.log(0.5) / v]
+            for i, v in enumerate(ex[:8])]
+    out = Table(["exponent", "λ (nats/char)", "half-life (chars)"], rows,
+                f"The {len(ex)} largest of {ly.get('size')} exponents over the whole carried "
+                f"state ({ly.get('windows')} windows; the first 8 shown)").markdown()
+    modes = ly.get("slow_modes") or []
+    if modes:
+        out += ["", *Table(["λ", "half-life", "participation ratio", "top units [layer, unit]"],
+                           [[m["exponent"], m["half_life"], m["participation_ratio"],
+                             ", ".join(f"[{a}, {b}]" for a, b in m["top_units"])]
+                            for m in modes], "Slow modes (half-life ≥ 10)").markdown()]
+    return out + ["", f"Reading: {ly.get('description', '')}."]
+
+
+def _context(rep: dict) -> list[str]:
+    c = rep.get("context")
+    if not c:
+        return ["Not measured: the model gives no next-character logits."]
+    return Table(["context d (chars)", "excess loss (nats)"],
+                 list(zip(c["lengths"], c["excess_loss"], strict=True)),
+                 f"Loss with only the last d characters minus the loss with the whole window "
+                 f"({c.get('windows')} windows)").markdown() + [
+        "", f"Reading: {c.get('description', '')}; effective context "
+            f"{c['effective_context'] if c['effective_context'] is not None else '> T/2'} "
+            "(the smallest d within 0.01 nats)."]
+
+
+def _saturation(rep: dict) -> list[str]:
+    s = rep.get("saturation")
+    if not s:
+        return ["Not measured (a report before version 3)."]
+    gates = [g for g in s if g != "keep_right_majority"]
+    rows = [[g, sum(s[g]["left"]) / len(s[g]["left"]), sum(s[g]["right"]) / len(s[g]["right"])]
+            for g in gates]
+    n, keep = s.get("keep_right_majority"), rep.get("units", {}).get("gate")
+    reading = ("the cell has no keep gate" if n is None or keep not in s else
+               f"{n} of {len(s[keep]['right'])} units keep their keep gate {keep} above 0.9 in "
+               "more than half the positions (integrators)")
+    return Table(["gate", "mean share below 0.1", "mean share above 0.9"], rows,
+                 "Gate saturation (per unit, averaged over units)").markdown() + [
+        "", f"Reading: {reading}."]
+
+
+def _fixed_points(rep: dict) -> list[str]:
+    fp = rep.get("fixed_points")
+    rows = [[h["input"], len(h["points"]), sum(p["stable"] for p in h["points"]),
+             max((p["slowest_half_life"] or 0 for p in h["points"] if p["stable"]), default=None)]
+            for h in fp["inputs"]]
+    return Table(["held input", "points", "stable", "slowest half-life (chars)"], rows,
+                 "Fixed points of the step with one input held").markdown() + [
+        "", f"Reading: {fp.get('description', '')}."]
+
+
 def _control_reading(ctl: dict) -> str:
     """Where the model's loss sits between the memoryless and the best achievable loss.
 
@@ -157,7 +218,12 @@ def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
               "## Perturbation decay", "", *_perturbation(rep), "",
               "## Gates by input character", "", *_classes(rep), "",
               "## Divergence rate", "", *_divergence(rep), "",
-              "## Output-level reach", "", *_reach(rep), ""]
+              "## Output-level reach", "", *_reach(rep), "",
+              "## Context used", "", *_context(rep), "",
+              "## Memory by direction", "", *_memory(rep), "",
+              "## Gate saturation", "", *_saturation(rep), ""]
+    if rep.get("fixed_points"):
+        lines += ["## Fixed points", "", *_fixed_points(rep), ""]
     ctl = rep.get("control_losses")
     if ctl:
         lines += ["## Against the corpus's own bounds", "",

@@ -54,7 +54,7 @@ def plot_slow_modes(ax: Axes, loadings: np.ndarray, exponents, hidden: int) -> N
     >>> ax = Figure().subplots()
     >>> plot_slow_modes(ax, np.array([[0.5, 0.5, 0, 0]]), [-0.01], hidden=2)
     >>> ax.get_ylabel()
-    'slow mode (λ_i)'
+    'slowest directions (λ_i)'
     """
     w = np.atleast_2d(np.asarray(loadings, dtype=np.float64))
     if w.shape[0] == 0:
@@ -68,7 +68,7 @@ def plot_slow_modes(ax: Axes, loadings: np.ndarray, exponents, hidden: int) -> N
         ax.axvline(b - 0.5, color="w", lw=1)
     ax.set_yticks(range(w.shape[0]), [f"{float(e):.3g}" for e in exponents])
     ax.set_xlabel("unit (layers pooled; white lines: layer boundaries)")
-    ax.set_ylabel("slow mode (λ_i)")
+    ax.set_ylabel("slowest directions (λ_i)")
     ax.figure.colorbar(im, ax=ax, label="loading v_u²")
 
 
@@ -133,9 +133,11 @@ def write_memory_plots(report: dict, out: Path, spectrum=None) -> list[Path]:
             per = {n: s.exponents for n, s in spectrum.per_direction.items()}
         plot_spectrum(axes[0], lyap["exponents"], per)
         if spectrum is not None:
-            modes = spectrum.slow_modes
-            plot_slow_modes(axes[1], np.array([m.loadings for m in modes]).reshape(
-                len(modes), -1), [m.exponent for m in modes], spectrum.hidden)
+            # the slow modes, and at least the 4 slowest directions, so the page always shows
+            # where the state's longest memory sits
+            n = max(len(spectrum.slow_modes), min(4, spectrum.k))
+            plot_slow_modes(axes[1], spectrum.loadings[:n], spectrum.exponents[:n],
+                            spectrum.hidden)
         paths.append(_save(fig, out / "lyapunov_spectrum.png"))
     ctx = report.get("context")
     if ctx:

@@ -22,6 +22,7 @@ from gatelens.report.html import write_html
 from gatelens.report.json_report import write_report_json
 from gatelens.report.markdown import render_markdown
 from gatelens.report.plots import write_plots
+from gatelens.report.plots_memory import write_memory_plots
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -66,6 +67,8 @@ def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> A
         report = analysis.report
         analysis.plots = write_plots(report, tmp / "plots", analysis.perturbation.curves,
                                      analysis.best_step) if plots else []
+        if plots:
+            analysis.plots += write_memory_plots(report, tmp / "plots", analysis.lyapunov)
         write_report_json(tmp / "report.json", report)
         atomic_write_text(tmp / "report.md", render_markdown(
             report, [p.relative_to(tmp).as_posix() for p in analysis.plots]))

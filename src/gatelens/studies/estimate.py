@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatelens.studies.spec import Trial
+from gatelens.studies.spec import STUDY_ANALYSIS, Trial
 from gatelens.training.config import TrainConfig
 
 
@@ -139,14 +139,14 @@ def measure_trial(trial: Trial, threads: int = 1) -> TrialCost:
         t_train = time.perf_counter() - t0
         # a warm-up first: a study's worker pays the imports once, not per checkpoint
         analyze(d / "run", checkpoint=3, out=d / "w", progress=False, plots=False,
-                **trial.analysis)
+                **{**STUDY_ANALYSIS, **trial.analysis})
         t0 = time.perf_counter()
         analyze(d / "run", checkpoint=3, out=d / "a", progress=False, plots=False,
-                **trial.analysis)
+                **{**STUDY_ANALYSIS, **trial.analysis})
         t_analysis = time.perf_counter() - t0
         t0 = time.perf_counter()
         analyze(d / "run", checkpoint=3, out=d / "p", progress=False, plots=True,
-                **trial.analysis)
+                **{**STUDY_ANALYSIS, **trial.analysis})
         t_plots = time.perf_counter() - t0
         # train's 3 steps, 2 evaluations (steps 0 and 3), the rest is setting up
         eval_s = max(0.0, (t_train - 3 * step_s) / 3)

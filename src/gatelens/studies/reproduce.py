@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.io import atomic_write_many
 from gatelens.lens.analyze import analyze
@@ -105,8 +106,9 @@ def _history_seconds(run: Path) -> float | None:
 
 
 def reproduce(out: str | Path, *, corpus: str = "shakespeare",
-              sizes: dict[str, dict] | None = None, windows: int = 32, length: int = 128,
-              perturb_pos: int = 32, progress: bool = True,
+              sizes: dict[str, dict] | None = None, windows: int = DEFAULTS.windows,
+              length: int = DEFAULTS.length, perturb_pos: int = DEFAULTS.perturb_pos,
+              progress: bool = True,
               forget_bias: float | None = None, cells: tuple[str, ...] | None = None,
               seeds: int = 1) -> dict:
     """Train (or reuse), analyse and compare the three cells; returns reproduce.json's content.

@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import sys
-import time
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from gatelens.errors import GatelensError
-from gatelens.io import SMALL_CAP, atomic_write_json, read_utf8, remove_leftovers
-from gatelens.lock import clear_held, is_lock_or_leftover, locked, writing_dir
+from gatelens.io import SMALL_CAP, atomic_write_json, read_utf8
+from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
 from gatelens.studies.estimate import estimate, makespan, measure_trial, step_seconds
 from gatelens.studies.spec import (
@@ -51,106 +50,20 @@ from gatelens.studies.spec import (
     normal_settings,
     parse_spec,
 )
-from gatelens.training.runs import CONFIG, checkpoint_steps, history_rows, read_config
+from gatelens.studies.trial import (
+    LOST_HOLDER_WAIT,
+    TRIALS,
+    _error_line,
+    new_record,
+    run_trial,
+)
 
-__all__ = ["StudyResult", "load_preset", "load_spec", "makespan", "parse_spec", "run_study",
-           "run_trial", "step_seconds"]
+__all__ = ["LOST_HOLDER_WAIT", "TRIALS", "StudyResult", "load_preset", "load_spec", "makespan",
+           "new_record", "parse_spec", "run_study", "run_trial", "step_seconds"]
 
-TRIALS = "trials"
 #: Attempts a trial gets when its Ray task is lost (worker or node died), in all.
 MAX_ATTEMPTS = 3
-#: Seconds a trial waits for the lock of a task that is still dying (a lost node's worker
-#: can outlive its raylet a little; its lock is released when it ends).
-LOST_HOLDER_WAIT = 120.0
 INSTALL_HINT = "gatelens study needs Ray: install the extra with pip install 'gatelens[study]'"
-
-
-def new_record(trial: Trial) -> dict:
-    """trial.json before the trial has run; paths are relative to the study directory."""
-    return {"version": 1, "id": trial.id, "condition": trial.condition, "seed": trial.seed,
-            "spec": trial.settings(), "run": f"{TRIALS}/{trial.id}/run", "status": "pending",
-            "error": None, "how": None, "seconds": None, "timings": {}, "attempts": 1,
-            "checkpoints": []}
-
-
-def _error_line(e: BaseException) -> str:
-    """An exception as one line: a GatelensError's own message, else its type and message."""
-    text = str(e) if isinstance(e, GatelensError) else f"{type(e).__name__}: {e}"
-    return " ".join(text.split()) or type(e).__name__
-
-
-def run_trial(trial: Trial, out: str | Path, threads: int | None = None,
-              attempt: int = 1) -> dict:
-    """Train and analyse one trial under ``out``/trials/<id>; write and return trial.json.
-
-    A trial's own failure is recorded (status "failed", the error as one line), never
-    raised, so the other trials go on. ``threads`` sets torch's intra-op threads (a Ray
-    task's CPUs); ``attempt`` is recorded (a lost task's trial runs again). The trial's
-    directory is locked meanwhile; a lock still held by another process is waited for
-    (``LOST_HOLDER_WAIT``), then the trial fails naming the holder.
-    """
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    tdir = Path(out) / TRIALS / trial.id
-    record, t0 = new_record(trial), time.perf_counter()
-    record["attempts"] = attempt
-    try:
-        with writing_dir(tdir, wait=LOST_HOLDER_WAIT):
-            try:
-                remove_leftovers(tdir)
-                remove_leftovers(tdir / "analysis")  # a killed attempt's half analyses
-                record["how"] = _train(trial, tdir / "run")
-                record["timings"]["train"] = round(time.perf_counter() - t0, 3)
-                record["checkpoints"] = _analyze_all(trial, tdir)
-                record["timings"]["analyze"] = round(time.perf_counter() - t0
-                                                     - record["timings"]["train"], 3)
-                record["status"] = "done"
-            except Exception as e:  # a trial's failure is its record, not the study's
-                record["status"], record["error"] = "failed", _error_line(e)
-            record["seconds"] = round(time.perf_counter() - t0, 3)
-            atomic_write_json(tdir / "trial.json", record)
-    except GatelensError as e:  # its directory: held by another, or not writable
-        record["status"], record["error"] = "failed", _error_line(e)
-        record["seconds"] = round(time.perf_counter() - t0, 3)
-    return record
-
-
-def _train(trial: Trial, run: Path) -> str:
-    """Train, resume or reuse the trial's run (the trial's lock is held by the caller)."""
-    from gatelens.training.train import RESUME, train
-
-    cfg = trial.config()
-    if (run / CONFIG).exists() and (run / RESUME).exists():
-        saved = read_config(run)
-        if saved.get("status") == "done" and saved.get("steps_done") == cfg.steps:
-            return "analysed"  # trained before; only analyses were missing
-        train(None, run, resume=True, progress=False)
-        return "resumed"
-    if run.exists():  # a start that died before its first checkpoint: nothing to keep
-        with locked(run):  # never while another process writes it
-            clear_held(run)
-    train(cfg, run, progress=False)
-    return "trained"
-
-
-def _analyze_all(trial: Trial, tdir: Path) -> list[dict]:
-    """``analyze`` every checkpoint (step 0 … final) on the condition's windows; PNG plots
-    for the final one only (the study plots every figure over training)."""
-    from gatelens.lens.analyze import analyze
-
-    run = tdir / "run"
-    val = {int(r["step"]): float(r["val_loss"]) for r in history_rows(run) if r["val_loss"]}
-    out, steps = [], checkpoint_steps(run)
-    for step in steps:
-        dest = tdir / "analysis" / f"step-{step:06d}"
-        if not (dest / "report.html").exists():  # report.html is written last
-            analyze(run, checkpoint=step, out=dest, progress=False, plots=step == steps[-1],
-                    **trial.analysis)
-        out.append({"step": step, "val_loss": val.get(step),
-                    "report": (dest / "report.json").relative_to(tdir.parent.parent).as_posix()})
-    return out
 
 
 def plan(spec: StudySpec, out: Path,
