@@ -47,7 +47,7 @@ def tf32_off() -> None:
 
 
 def modules() -> dict[str, nn.Module]:
-    from gatelens.cells.modern import MinGRU, MinLSTM, SLSTM
+    from gatelens.cells.modern import SLSTM, MinGRU, MinLSTM
 
     torch.manual_seed(0)
     return {"lstm": nn.LSTM(65, 325, batch_first=True),

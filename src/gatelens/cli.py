@@ -121,8 +121,9 @@ def _add_verify(sub) -> None:
     p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
     p.add_argument("--windows", type=positive_int, default=DEFAULTS.windows)
     p.add_argument("--length", type=positive_int, default=DEFAULTS.length)
-    p.add_argument("--tol", type=nonnegative_float, default=1e-5,
-                   help="largest difference that passes, finite, 0 or above (default 1e-5)")
+    p.add_argument("--tol", type=nonnegative_float, default=None,
+                   help="largest difference that passes, finite, 0 or above (default: the "
+                        "weights' dtype's, 1e-5 for float32)")
 
 
 def _cmd_verify(args) -> int:

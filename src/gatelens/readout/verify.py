@@ -231,10 +231,12 @@ class VerifyResult:
         return {**asdict(self), "passed": self.passed}
 
     def to_report(self) -> dict:
-        """report.json's "verification" (version 2).
+        """report.json's "verification" (version 3: version 2's figures, the tolerance's
+        rule, and which figures were not finite).
 
-        >>> sorted(VerifyResult("gru", [], 6.85e-07, None, None, 1e-6).to_report())[:2]
-        ['free_running_max_abs_diff_h', 'one_step_max_abs_diff_c']
+        >>> r = VerifyResult("gru", [], 6.85e-07, None, None, 1e-6).to_report()
+        >>> r["one_step_max_abs_diff_h"], r["passed"], r["nonfinite"]
+        (6.85e-07, True, False)
         """
         fin = _finite_or_none
         return {"one_step_max_abs_diff_h": fin(self.one_step_max_abs_diff_h),

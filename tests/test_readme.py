@@ -1,0 +1,104 @@
+"""The README's Python examples run as written (issue 20: its own Lens example once failed).
+
+Each ```python block is executed verbatim in a fresh directory that holds the files it names
+(my_text.txt; model.onnx exported from an nn.LSTM; model.h5, a Keras 2 hard-sigmoid LSTM
+written with h5py), and what its comments promise is checked on the names it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks() -> list[str]:
+    """The README's ```python blocks, in order, dedented to the fence's own indentation."""
+    text = README.read_text(encoding="utf-8")
+    out = []
+    for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, flags=re.S | re.M):
+        indent = len(m.group(1))
+        out.append("\n".join(line[indent:] for line in m.group(2).splitlines()))
+    return out
+
+
+def find(word: str) -> str:
+    found = [b for b in blocks() if word in b]
+    assert found, f"no README example uses {word}"
+    return found[0]
+
+
+def test_the_readme_has_its_examples():
+    assert len(blocks()) >= 4
+    for word in ("gatelens.trace(", "gatelens.Lens(", "gatelens.open_onnx("):
+        assert any(word in b for b in blocks()), word
+
+
+def test_trace_example(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(find("gatelens.trace(lstm"), ns)
+    assert tuple(ns["tr"]["layer0.f"].shape) == (32, 128, 325)
+    import gatelens
+
+    assert gatelens.verify(ns["lstm"], ns["x"]).max_abs_diff_h < 1e-5
+
+
+def test_lens_example_reads_the_file_it_names(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    words = "the cat sat on the mat and then the dog ran off to the park\n"
+    Path("my_text.txt").write_text(words * 90, encoding="utf-8")  # 5,490 characters
+    torch.manual_seed(0)
+    ns: dict = {}
+    exec(find("gatelens.Lens("), ns)
+    rep = ns["result"].reports["lstm"]
+    assert rep["verification"]["passed"]
+    assert rep["text"]["windows"] == 32 and "my_text.txt" in rep["text"]["source"]
+    assert Path("lens_out/lstm/report.json").is_file() and Path("lens_out/index.html").is_file()
+
+
+def _keras2_hard_sigmoid_h5(path: Path, units: int = 4, features: int = 3) -> None:
+    """A Keras 2 Sequential file with one hard-sigmoid LSTM "lstm_1", written with h5py."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    cfg = {"name": "lstm_1", "units": units, "activation": "tanh",
+           "recurrent_activation": "hard_sigmoid", "use_bias": True,
+           "batch_input_shape": [None, None, features]}
+    model = {"class_name": "Sequential", "config": {"name": "s", "layers": [
+        {"class_name": "LSTM", "config": cfg}]}}
+    shapes = {"kernel": (features, 4 * units), "recurrent_kernel": (units, 4 * units),
+              "bias": (4 * units,)}
+    with h5py.File(path, "w") as f:
+        f.attrs["keras_version"], f.attrs["backend"] = b"2.2.4", b"tensorflow"
+        f.attrs["model_config"] = json.dumps(model).encode()
+        root = f.create_group("model_weights")
+        root.attrs["keras_version"] = b"2.2.4"
+        root.attrs["layer_names"] = [b"lstm_1"]
+        g = root.create_group("lstm_1")
+        names = [f"lstm_1/{k}:0" for k in shapes]
+        g.attrs["weight_names"] = [n.encode() for n in names]
+        for n, shape in zip(names, shapes.values(), strict=True):
+            g.create_dataset(n, data=rng.normal(size=shape).astype(np.float32) * 0.5)
+
+
+def test_onnx_and_keras_example(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on batch sizes
+        torch.onnx.export(torch.nn.LSTM(8, 16).eval(), (torch.zeros(20, 1, 8),), "model.onnx",
+                          input_names=["x"], dynamo=False)
+    _keras2_hard_sigmoid_h5(Path("model.h5"))
+    ns: dict = {}
+    exec(find("gatelens.open_onnx("), ns)
+    assert isinstance(ns["mods"]["/LSTM"], torch.nn.LSTM)
+    assert tuple(ns["traces"]["/LSTM"]["layer0.f"].shape) == (1, 20, 16)
+    assert ns["traces"]["/LSTM"].meta["onnx_max_abs_diff_h"] < 1e-5
+    assert ns["layers"]["lstm_1"].keras_layer["definition"].startswith("clip(0.2")
