@@ -1,0 +1,43 @@
+"""benchmarks/gpu_check.py, the script a lent CUDA machine runs, exercised on the CPU.
+
+``--device cpu`` compares the CPU with itself through the whole script (read-out and
+verification of every cell, a short training run, report.json, the verdicts), so a broken
+script is caught here and not on the device; without CUDA the default prints one line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_without_cuda_it_says_so_in_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load().main([]) == 0
+    assert capsys.readouterr().out == "no CUDA device\n"
+
+
+def test_the_whole_script_on_the_cpu_against_itself(capsys, tmp_path):
+    out = tmp_path / "rows.json"
+    assert load().main(["--device", "cpu", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    checks = [r["check"] for r in rows]
+    assert checks[:7] == ["read-out lstm", "read-out lstm 2-layer", "read-out gru", "read-out rnn",
+                          "read-out mingru", "read-out minlstm", "read-out slstm"]
+    assert checks[7:] == ["train 4 steps on cpu", "report.json cpu vs cpu"]
+    assert all(r["ok"] for r in rows)
+    # the same device twice: the same numbers and words
+    assert rows[-1]["value"] == 0.0 and "none" in rows[-1]["note"]
+    assert "ok   read-out lstm" in capsys.readouterr().out
