@@ -125,6 +125,9 @@ def test_arrow_keys_step_through_units(page: Page) -> None:
 
 
 def test_sorting_and_model_toggle(page: Page) -> None:
+    # from a known order (the page is shared by this module's tests, in any order under
+    # xdist): by unit, then by mean, which sorts descending on its first click
+    page.page.locator("#units thead th[data-key='unit']").click()
     page.page.locator("#units thead th[data-key='mean']").click()
     order = page.page.eval_on_selector_all("#units tbody tr", "rs => rs.map(r => +r.dataset.unit)")
     means = page.page.evaluate("JSON.parse(document.getElementById('gl-data').textContent)"
