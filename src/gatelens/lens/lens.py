@@ -229,7 +229,8 @@ class Lens:
                 for m, flag in flags.items():
                     m.training = flag
             if steps.calls and (len(calls) > 1 or isinstance(fam, TorchCellFamily)):
-                return Captured(one_trajectory(steps, calls, name), None, output_logits(out))
+                rec = one_trajectory(steps, calls, name, int(ids.shape[1]))
+                return Captured(rec, None, output_logits(out))
             if len(calls) != 1:
                 raise GatelensError(
                     f"{name} ran {len(calls)} times in one forward; Lens measures modules "
@@ -327,10 +328,10 @@ class Lens:
         return result
 
 
-def one_trajectory(steps: Stitcher, calls: list, name: str) -> Any:
+def one_trajectory(steps: Stitcher, calls: list, name: str, length: int) -> Any:
     """The one trajectory a forward's calls of one step form (readout/stitch.py); a forward
-    with calls of more than one step among them, or whose calls form several trajectories,
-    is a one-line GatelensError saying how many and why."""
+    with calls of more than one step among them, whose calls form several trajectories, or
+    whose trajectory is not as long as the windows, is a one-line GatelensError saying why."""
     if steps.calls != len(calls):
         raise GatelensError(
             f"{name} ran {len(calls)} times in one forward, {len(calls) - steps.calls} of them "
@@ -342,6 +343,10 @@ def one_trajectory(steps: Stitcher, calls: list, name: str) -> Any:
             f"{name}: its {len(calls)} calls in one forward form {len(recs)} trajectories "
             f"(the second starts because {recs[1].why}); the measurements need one "
             "trajectory per forward")
+    if recs[0].length != length:
+        raise GatelensError(
+            f"{name}: its stitched trajectory has {recs[0].length} steps but the windows "
+            f"{length}; the measurements read the trajectory by window position")
     return recs[0]
 
 
