@@ -124,7 +124,9 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
                 with torch.no_grad(), faithful_matmul(call.inputs.device):
                     ro = fam.read(call, fam.reference(call))
                     diff = recorded_output_diff(fam, ro, call)
-                cache.traces.setdefault(path, []).append(assemble(fam, call, ro))
+                cache.traces.setdefault(path, []).append(
+                    assemble(fam, call, ro, calls=rec.calls, first_call=rec.first,
+                             started=rec.why))
                 cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
     finally:
         for h in handles:
