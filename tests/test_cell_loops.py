@@ -17,6 +17,7 @@ import gatelens
 from gatelens.errors import GatelensError
 from gatelens.families.lstm import LSTMFamily
 from gatelens.families.registry import family_of
+from gatelens.families.rnn import RNNFamily
 from gatelens.families.torch_cell import as_module
 from gatelens.readout.hooks import open_cells
 
@@ -103,6 +104,16 @@ def test_wrong_layout_fails_the_one_step_check() -> None:
     assert fam.one_step(call, ref)[0].max_abs_diff_h < 1e-5
     fam.inner = LSTMFamily(as_module(bad))
     assert fam.one_step(call, ref)[0].max_abs_diff_h > 1e-3
+    # a relu RNNCell read as tanh: the pre-activation agrees, the one-step h does not
+    relu = trained("rnn_relu").cell
+    tanh = nn.RNNCell(E, H, nonlinearity="tanh")
+    tanh.load_state_dict(relu.state_dict())
+    fam = family_of(relu)
+    call = fam.check(torch.randn(3, 10, E))
+    ref = fam.reference(call)
+    assert fam.one_step(call, ref)[0].max_abs_diff_h < 1e-5
+    fam.inner = RNNFamily(as_module(tanh))
+    assert fam.one_step(call, ref)[0].max_abs_diff_h > 1e-2
 
 
 def test_open_cells_names_shapes_and_direct_trace() -> None:
