@@ -40,7 +40,7 @@ class CharLM(nn.Module):
 class EncDec(nn.Module):
     """The decoder reads the same embedding, starting from the encoder's final state."""
 
-    def __init__(self, steps: bool = False) -> None:
+    def __init__(self, steps: bool | str = False) -> None:
         super().__init__()
         self.steps = steps
         self.embed = nn.Embedding(V, 16)
@@ -55,7 +55,8 @@ class EncDec(nn.Module):
             return self.head(self.decoder(e, h)[0])  # (B, T, V)
         ys = []
         for t in range(e.shape[1]):  # a decoder run step by step
-            y, h = self.decoder(e[:, t:t + 1], h)
+            y, h_t = self.decoder(e[:, t:t + 1], h)
+            h = h if self.steps == "fresh" else h_t  # "fresh": every step from the encoder's
             ys.append(y)
         return self.head(torch.cat(ys, 1))
 
@@ -210,8 +211,9 @@ def test_errors() -> None:
         lens.analyze(TEXT[:100], windows=B, length=T, perturb_pos=P)
     with pytest.raises(GatelensError, match="text input needs vocab"):
         gatelens.Lens(CharLM()).analyze(TEXT, windows=B, length=T)
-    with pytest.raises(GatelensError, match="decoder ran 40 times in one forward"):
-        gatelens.Lens(EncDec(steps=True), vocab=CHARS).analyze(windows(), perturb_pos=P)
+    with pytest.raises(GatelensError, match="decoder: its 40 calls in one forward form 40 "
+                                            "trajectories .*call 1's state is not call 0's"):
+        gatelens.Lens(EncDec(steps="fresh"), vocab=CHARS).analyze(windows(), perturb_pos=P)
 
 
 def test_chaotic_model_passes_and_says_so(tmp_path: Path) -> None:

@@ -149,7 +149,7 @@ def test_chunked_refuses_bidirectional_and_packed():
     "make_call, err, match",
     [
         (lambda: trace(nn.Linear(3, 4), torch.randn(2, 3)), TypeError, "Linear"),
-        (lambda: trace(nn.LSTMCell(3, 4), torch.randn(2, 3)), TypeError, "nn.LSTM, nn.GRU"),
+        (lambda: trace(nn.LSTMCell(3, 4), torch.randn(2, 7)), ValueError, "LSTMCell.*F = 3"),
         (lambda: trace(nn.LSTM(3, 4), torch.randn(2, 5, 7)), ValueError, "F = 3.*7"),
         (lambda: trace(nn.LSTM(3, 4), torch.randn(1, 2, 5, 3)), ValueError, r"\(1, 2, 5, 3\)"),
         (lambda: trace(nn.LSTM(3, 4), torch.randn(3)), ValueError, "unbatched"),

@@ -16,6 +16,10 @@ FAMILIES: tuple[str, ...] = (
     "gatelens.families.lstm:LSTMFamily",
     "gatelens.families.gru:GRUFamily",
     "gatelens.families.rnn:RNNFamily",
+    # cells stepped by the caller, opened as the one-layer module (families/torch_cell.py)
+    "gatelens.families.torch_cell:LSTMCellFamily",
+    "gatelens.families.torch_cell:GRUCellFamily",
+    "gatelens.families.torch_cell:RNNCellFamily",
     "gatelens.families.modern:MinGRUFamily",
     "gatelens.families.modern:MinLSTMFamily",
     "gatelens.families.modern:SLSTMFamily",

@@ -30,6 +30,7 @@ from gatelens.cells.equations import cell_weights
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.spec import CellSpec, cell_of_mode, cell_spec, layer_name
+from gatelens.families.stepped import Recorded, recorded_call, recorded_reference
 
 
 def max_diff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
@@ -132,7 +133,10 @@ class TorchRNNFamily(Family):
 
     # ---- a call ----------------------------------------------------------------------
     def check(self, inputs: Any, state: Any = None) -> Call:
-        """Validate everything before any work; errors say what was expected and what came."""
+        """Validate everything before any work; errors say what was expected and what came.
+        A ``Recorded`` trajectory (stitched calls, families/stepped.py) is one call."""
+        if isinstance(inputs, Recorded):
+            return recorded_call(self, inputs)
         m, w = self.module, self.module.weight_ih_l0
         layout: dict[str, Any] = {"batch_first": m.batch_first, "unbatched": False,
                                   "packed": None, "lengths": None}
@@ -231,7 +235,10 @@ class TorchRNNFamily(Family):
         """PyTorch's h of every layer and direction. One layer is the module itself; a
         stack is run layer by layer, each a module of that layer's own tensors fed the
         layer below's output (PyTorch runs a stack the same way: on the CPU the top layer's
-        output is bitwise the module's, tested); each layer's input; the initial states."""
+        output is bitwise the module's, tested); each layer's input; the initial states.
+        A recorded trajectory's reference is what its calls returned (nothing re-run)."""
+        if call.layout.get("recorded") is not None:
+            return recorded_reference(self, call)
         D, L = self.directions, self.num_layers
         states: dict[str, Tensor] = {}
         finals, raw = [], None

@@ -31,7 +31,9 @@ from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
+from gatelens.families.torch_cell import TorchCellFamily
 from gatelens.lens.run import run_of
+from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
@@ -194,8 +196,10 @@ class Lens:
         """ids (B, T) -> what the module at ``path`` received when the whole model read them.
 
         The model runs under torch.no_grad() in eval mode (every module's training flag
-        is restored after). A packed input is unpacked (``unpack_equal``); a module
-        called more than once in one forward raises GatelensError.
+        is restored after). A packed input is unpacked (``unpack_equal``). A cell stepped
+        in a loop, or a module called one step at a time, is its calls stitched into one
+        trajectory (``one_trajectory``); a module called more than once otherwise raises
+        GatelensError.
         """
         return self._runner(self.model, self.families[path], path)
 
@@ -207,9 +211,12 @@ class Lens:
 
         def run(ids: Tensor) -> Captured:
             calls: list[tuple[Any, Any]] = []
+            steps = Stitcher(fam)
 
             def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
                 calls.append(fam.split_call(args, kwargs))
+                if is_step_call(fam, calls[-1][0]):
+                    steps.add(*calls[-1], output)
 
             handle = module.register_forward_hook(hook, with_kwargs=True)
             flags = {m: m.training for m in model.modules()}
@@ -221,10 +228,14 @@ class Lens:
                 handle.remove()
                 for m, flag in flags.items():
                     m.training = flag
+            if steps.calls and (len(calls) > 1 or isinstance(fam, TorchCellFamily)):
+                rec = one_trajectory(steps, calls, name, int(ids.shape[1]))
+                return Captured(rec, None, output_logits(out))
             if len(calls) != 1:
                 raise GatelensError(
                     f"{name} ran {len(calls)} times in one forward; Lens measures modules "
-                    "that read the whole sequence in one call")
+                    "that read the whole sequence in one call, or one step a call with "
+                    "the state handed back")
             inputs, hx = calls[0]
             if isinstance(inputs, PackedSequence):
                 inputs = unpack_equal(inputs, ids.shape[1], module.batch_first)
@@ -315,6 +326,28 @@ class Lens:
 
             atomic_write_text(result.out / "index.html", result.index_html)
         return result
+
+
+def one_trajectory(steps: Stitcher, calls: list, name: str, length: int) -> Any:
+    """The one trajectory a forward's calls of one step form (readout/stitch.py); a forward
+    with calls of more than one step among them, whose calls form several trajectories, or
+    whose trajectory is not as long as the windows, is a one-line GatelensError saying why."""
+    if steps.calls != len(calls):
+        raise GatelensError(
+            f"{name} ran {len(calls)} times in one forward, {len(calls) - steps.calls} of them "
+            "on more than one step; Lens stitches calls of one step each (the state handed "
+            "back) or measures one call on the whole sequence")
+    recs = steps.result()
+    if len(recs) != 1:
+        raise GatelensError(
+            f"{name}: its {len(calls)} calls in one forward form {len(recs)} trajectories "
+            f"(the second starts because {recs[1].why}); the measurements need one "
+            "trajectory per forward")
+    if recs[0].length != length:
+        raise GatelensError(
+            f"{name}: its stitched trajectory has {recs[0].length} steps but the windows "
+            f"{length}; the measurements read the trajectory by window position")
+    return recs[0]
 
 
 def _names_a_file(text: str) -> bool:

@@ -27,6 +27,8 @@ from torch import Tensor, nn
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of
+from gatelens.families.stepped import recorded_output_diff
+from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
 
@@ -36,9 +38,13 @@ class CellCache(Mapping[str, Tensor]):
 
     A module that runs several times inside the block keeps every call: the first under
     its plain path (``encoder.lstm.layer0.f``), call n >= 1 under ``encoder.lstm#n.layer0.f``.
-    ``traces[path]`` is the list of Trace objects, one per call, in call order, and
-    ``max_abs_diff[path]`` the largest |h_hand − h_torch| of the module's output and final
-    states over its calls (a free check: the output is already at hand).
+    Calls of one step (every nn.LSTMCell/GRUCell/RNNCell call, an nn.LSTM/GRU/RNN call with
+    T = 1) are stitched into trajectories at the block's exit (readout/stitch.py): each
+    trajectory is one entry, (B, T, H), after the module's whole-sequence calls.
+    ``traces[path]`` is the list of Trace objects, one per call or trajectory, and
+    ``max_abs_diff[path]`` the largest |read-out − module| of what the module returned (its
+    output and final states; every step's h and c of a stitched trajectory) over them (a
+    free check: the output is already at hand).
     A module that is itself the model has the path ``""`` and bare names (``layer0.f``).
     """
 
@@ -76,16 +82,23 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
     """Trace every recurrent module of ``model`` each time it runs inside the block.
 
     The model runs exactly as usual (its output is untouched); each recurrent module's
-    forward hook reads it out through its family on the same input and state. The hooks
-    are removed on exit, also when the block raises. Traces use inference semantics (no
-    inter-layer dropout); ``max_abs_diff`` shows any mismatch with what actually ran.
+    forward hook reads it out through its family on the same input and state; calls of one
+    step are recorded and stitched into trajectories when the block exits (a cell stepped in
+    a loop, a decoder called per step: one (B, T, H) trace each, starting from the state its
+    first call was given). The hooks are removed on exit, also when the block raises.
+    Traces use inference semantics (no inter-layer dropout); ``max_abs_diff`` shows any
+    mismatch with what actually ran.
     """
     cache = CellCache()
     handles = []
+    stitchers: dict[str, Stitcher] = {}
 
     def make_hook(path: str, fam: Family):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             inputs, state = fam.split_call(args, kwargs)
+            if is_step_call(fam, inputs):
+                stitchers.setdefault(path, Stitcher(fam)).add(inputs, state, output)
+                return
             call = fam.check(inputs, state)
             with torch.no_grad(), faithful_matmul(call.inputs.device):
                 packed = call.layout.get("packed") is not None
@@ -104,6 +117,17 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
                 handles.append(module.register_forward_hook(make_hook(path, fam),
                                                             with_kwargs=True))
         yield cache
+        for path, st in stitchers.items():
+            fam = st.fam
+            for rec in st.result():
+                call = fam.check(rec)
+                with torch.no_grad(), faithful_matmul(call.inputs.device):
+                    ro = fam.read(call, fam.reference(call))
+                    diff = recorded_output_diff(fam, ro, call)
+                cache.traces.setdefault(path, []).append(
+                    assemble(fam, call, ro, calls=rec.calls, first_call=rec.first,
+                             started=rec.why))
+                cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
     finally:
         for h in handles:
             h.remove()

@@ -63,8 +63,8 @@ def check_names(names: Sequence[str] | None, valid: list[str]) -> list[str]:
 def check_module(module: object) -> str:
     """The cell name of a module gatelens opens; TypeError naming the type otherwise.
 
-    >>> check_module(torch.nn.GRU(2, 3))
-    'gru'
+    >>> check_module(torch.nn.GRU(2, 3)), check_module(torch.nn.LSTMCell(2, 3))
+    ('gru', 'lstm')
     """
     return open_family(module).cell
 
@@ -103,6 +103,9 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
 
     ``inputs`` and ``state`` are what the module's forward takes (batch_first or not,
     unbatched (T, F), PackedSequence; h0 or (h0, c0)). ``names`` keeps only those signals.
+    A cell (nn.LSTMCell, GRUCell, RNNCell) takes (B, T, F), the steps a loop would take,
+    and its own state ((h, c) or h, (B, H)); it is read as the one-layer module on what
+    its own forward returns one call a step (docs/formats.md).
 
     ``method="anchored"`` (the default for padded input) computes each layer's gates from
     the module's own h_{t−1} of that layer and the LSTM's c by the contracting recurrence
