@@ -102,3 +102,20 @@ def test_onnx_and_keras_example(monkeypatch, tmp_path):
     assert tuple(ns["traces"]["/LSTM"]["layer0.f"].shape) == (1, 20, 16)
     assert ns["traces"]["/LSTM"].meta["onnx_max_abs_diff_h"] < 1e-5
     assert ns["layers"]["lstm_1"].keras_layer["definition"].startswith("clip(0.2")
+
+
+def test_cell_loop_example(monkeypatch, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
+    from cell_models import CHARS, TEXT, B, E, H, T, ids, trained
+
+    monkeypatch.chdir(tmp_path)
+    Path("my_text.txt").write_text(TEXT * 2, encoding="utf-8")  # 32 windows of 128 fit
+    model = trained("lstm")
+    ns = {"model": model, "ids": ids(), "chars": CHARS, "x": torch.randn(B, T, E),
+          "h0": torch.zeros(B, H), "c0": torch.zeros(B, H)}
+    block = find("gatelens.open_cells(model)")
+    exec("import gatelens\n" + block.replace("gatelens.Lens(", "result = gatelens.Lens("), ns)
+    assert tuple(ns["cache"]["cell.layer0.f"].shape) == (B, T, H)
+    assert ns["result"].reports["cell"]["verification"]["passed"]
