@@ -46,16 +46,17 @@ __all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "merge_result
 #: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
 VERIFY_TOL = 1e-5
 #: Half precision rounds every step at its own epsilon: its tolerance is this many of them.
-HALF_EPS = 4
+HALF_EPS = 8  # half precision: the largest seen, 4.7 eps (bfloat16, an LSTM ×16), and margin
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
     """The verification tolerance of a dtype: 1e-5 for float32 and float64 (docs/methods.md),
-    4 × the machine epsilon for float16 (3.9e-3) and bfloat16 (3.1e-2), which round every
-    step at that scale.
+    8 × the machine epsilon for float16 (7.8e-3) and bfloat16 (6.3e-2), which round every
+    step at that scale: a correct read-out of saturated half-precision LSTMs sits at up to
+    4.7 eps (tests/test_dtypes.py); a wrong gate is off by O(0.1-1).
 
     >>> tolerance_for(torch.float32), tolerance_for(torch.float16), tolerance_for(torch.bfloat16)
-    (1e-05, 0.00390625, 0.03125)
+    (1e-05, 0.0078125, 0.0625)
     """
     if not dtype.is_floating_point:
         return VERIFY_TOL
@@ -353,7 +354,7 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
            trace: Trace | None = None, tol: float | None = None) -> VerifyResult:
     """The one-step error and the free-running divergence of ``module`` on ``inputs`` (what
     the module takes); with ``trace``, also that trace against the module's own states.
-    ``tol`` None: 1e-5, or 4 × the machine epsilon for float16/bfloat16 (``tolerance_for``).
+    ``tol`` None: 1e-5, or 8 × the machine epsilon for float16/bfloat16 (``tolerance_for``).
 
     >>> import torch
     >>> gru = torch.nn.GRU(2, 3, batch_first=True)
