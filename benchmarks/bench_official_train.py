@@ -4,6 +4,7 @@
                                                                          # preset's models, V 84
     OMP_NUM_THREADS=1 python benchmarks/bench_official_train.py --quick  # small, a smoke run
     ... --cells hf-mamba,hf-rwkv --budget 60                             # some, 60 s each
+    ... --model hf-mamba:1:128 --model xlstm-slstm:1                     # CELL:LAYERS[:WIDTH]
 
 Each model is ``gatelens train --cell ...``'s (``build``: the package's module in an
 OfficialLM) at the hidden size whose parameter count is nearest the 325-unit LSTM's
@@ -62,6 +63,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
     ap.add_argument("--budget", type=float, default=50.0, help="seconds per model (default 50)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a study trial's 1)")
+    ap.add_argument("--model", action="append", default=[], metavar="CELL:LAYERS[:WIDTH]",
+                    help="time this model instead (width: matched to the LSTM when left out)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message=".*fast path is not available.*")
     torch.set_num_threads(args.threads)
@@ -73,17 +76,25 @@ def main() -> None:
     print("| cell | d × layers | parameters | ms / step | × LSTM | 800 steps |")
     print("|---|---|---|---|---|---|")
     base = None
-    for cell, layers, heads in MODELS:
-        if cell != "lstm" and chosen is not None and cell not in chosen:
-            continue
+    models = [(c, layers, h, None) for c, layers, h in MODELS
+              if c == "lstm" or chosen is None or c in chosen]
+    if args.model:
+        models = models[:1] + [_parse(m) for m in args.model]
+    for cell, layers, heads, width in models:
         cfg = TrainConfig(cell=cell, layers=layers, heads=heads, hidden=H, batch=B, seq=T)
         if cell != "lstm":
-            cfg.hidden = matched_hidden(model_config(cfg), target, V)
+            cfg.hidden = width or matched_hidden(model_config(cfg), target, V)
         cfg.validate()
         t, n, params = step_time(cfg, V, args.steps, args.budget)
         base = base or t
         print(f"| {cell} | {cfg.hidden} × {layers} | {params:,} | {1e3 * t:.0f} "
               f"| {t / base:.2f} | {800 * t / 60:.1f} min | ({n} steps)", flush=True)
+
+
+def _parse(text: str) -> tuple[str, int, int, int | None]:
+    cell, layers, *width = text.split(":")
+    heads = dict((c, h) for c, _, h in MODELS).get(cell, 1)
+    return cell, int(layers), heads, int(width[0]) if width else None
 
 
 if __name__ == "__main__":

@@ -68,11 +68,11 @@ class TrainConfig:
             raise GatelensError("--nonlinearity applies to --cell rnn only")
         if not isinstance(self.heads, int) or isinstance(self.heads, bool) or self.heads <= 0:
             raise GatelensError(f"--heads must be a positive integer, got {self.heads}")
-        if is_official(self.cell):
+        if is_official(self.cell):  # its own rule for --hidden and --heads
             self._check_official()
         elif self.heads != 1 and self.cell != "slstm":
             raise GatelensError("--heads applies to --cell slstm, xlstm-slstm, xlstm-mlstm only")
-        if self.hidden % self.heads:
+        elif self.hidden % self.heads:
             raise GatelensError(f"--heads {self.heads} must divide --hidden {self.hidden}")
         for name in ("lr", "clip"):
             v = getattr(self, name)

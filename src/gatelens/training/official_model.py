@@ -26,8 +26,8 @@ functions (``import gatelens`` never imports them); a missing one is a one-line 
 
 >>> OFFICIAL_CELLS[:3]
 ('xlstm-slstm', 'xlstm-mlstm', 'mingru-lm')
->>> size_multiple("xlstm-mlstm", heads=4), size_multiple("hf-mamba2"), size_multiple("hf-rwkv")
-(4, 8, 1)
+>>> size_multiple("xlstm-mlstm", heads=32), size_multiple("hf-mamba2"), size_multiple("hf-rwkv")
+(16, 8, 1)
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def size_multiple(cell: str, heads: int = 1) -> int:
     too, in blocks of 4), Mamba-2's head_dim / expand; 1 for the others."""
     if cell == "xlstm-slstm":
         return heads
-    if cell == "xlstm-mlstm":
-        return math.lcm(2, heads)
+    if cell == "xlstm-mlstm":  # 2 d in heads and in qkv blocks of 4
+        return math.lcm(2, heads // math.gcd(heads, 2))
     if cell == "hf-mamba2":
         s = OFFICIAL[cell]
         return s["head_dim"] // s["expand"]
