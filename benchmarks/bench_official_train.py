@@ -4,7 +4,7 @@
                                                                          # preset's models, V 84
     OMP_NUM_THREADS=1 python benchmarks/bench_official_train.py --quick  # small, a smoke run
     ... --cells hf-mamba,hf-rwkv --budget 60                             # some, 60 s each
-    ... --model hf-mamba:1:128 --model xlstm-slstm:1                     # CELL:LAYERS[:WIDTH]
+    ... --model hf-mamba:2:96 --model xlstm-mlstm:2:96:8   # CELL:LAYERS[:WIDTH[:HEADS]]
 
 Each model is ``gatelens train --cell ...``'s (``build``: the package's module in an
 OfficialLM) at the hidden size whose parameter count is nearest the 325-unit LSTM's
@@ -29,8 +29,9 @@ from gatelens.training.config import TrainConfig
 from gatelens.training.model import matched_hidden, parameter_count
 from gatelens.training.train import build, loss_on, model_config
 
-#: the modern-official preset's models: (cell, layers, heads), the LSTM first
-MODELS = (("lstm", 1, 1), ("xlstm-slstm", 2, 4), ("xlstm-mlstm", 2, 4), ("mingru-lm", 2, 1),
+#: the official models (cell, layers, heads) at the LSTM's count, the LSTM first; the
+#: modern-official preset takes sLSTM as 192 x 1 and Mamba as 96 x 2 (--model, below)
+MODELS = (("lstm", 1, 1), ("xlstm-slstm", 2, 4), ("xlstm-mlstm", 2, 32), ("mingru-lm", 2, 1),
           ("hf-mamba", 2, 1), ("hf-rwkv", 2, 1), ("hf-mamba2", 2, 1), ("mambapy", 2, 1))
 
 
@@ -63,7 +64,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
     ap.add_argument("--budget", type=float, default=50.0, help="seconds per model (default 50)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a study trial's 1)")
-    ap.add_argument("--model", action="append", default=[], metavar="CELL:LAYERS[:WIDTH]",
+    ap.add_argument("--model", action="append", default=[], metavar="CELL:LAYERS[:WIDTH[:HEADS]]",
                     help="time this model instead (width: matched to the LSTM when left out)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message=".*fast path is not available.*")
@@ -92,9 +93,9 @@ def main() -> None:
 
 
 def _parse(text: str) -> tuple[str, int, int, int | None]:
-    cell, layers, *width = text.split(":")
-    heads = dict((c, h) for c, _, h in MODELS).get(cell, 1)
-    return cell, int(layers), heads, int(width[0]) if width else None
+    cell, layers, *rest = text.split(":")
+    heads = int(rest[1]) if len(rest) > 1 else dict((c, h) for c, _, h in MODELS).get(cell, 1)
+    return cell, int(layers), heads, int(rest[0]) if rest and rest[0] else None
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from gatelens.training.train import model_config
 
 LSTM = 561684
 #: cell -> (hidden, layers, matched to the LSTM?)
-SIZES = {"lstm": (325, 1, True), "xlstm-slstm": (192, 1, False), "xlstm-mlstm": (176, 2, True),
+SIZES = {"lstm": (325, 1, True), "xlstm-slstm": (192, 1, False), "xlstm-mlstm": (96, 2, False),
          "mingru-lm": (146, 2, True), "hf-mamba": (96, 2, False), "hf-rwkv": (143, 2, True)}
 
 
