@@ -20,7 +20,7 @@ from gatelens.errors import (
     windows_count,
 )
 from gatelens.families.spec import FAMILIES, layer_name
-from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
+from gatelens.training.config import BIAS_INITS, CELL_NAMES, OPTIMIZER_NAMES, TrainConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,7 +33,9 @@ def _add_train(sub) -> None:
     d = TrainConfig()
     p.add_argument("--corpus", help="built-in name (shakespeare, recall[:gap=LO-HI,seed=S,"
                    f"chars=N,…], brackets[:depth=D,…]) or UTF-8 text file (default {d.corpus})")
-    p.add_argument("--cell", choices=FAMILIES, help=f"default {d.cell}")
+    p.add_argument("--cell", choices=CELL_NAMES, help=f"default {d.cell}; xlstm-slstm, "
+                   "xlstm-mlstm, mingru-lm, hf-mamba, hf-mamba2, hf-rwkv, mambapy: the official "
+                   "implementations, --hidden their width (pip install 'gatelens[modern]')")
     p.add_argument("--hidden", type=positive_int, help=f"units per layer (default {d.hidden})")
     p.add_argument("--layers", type=positive_int, help=f"default {d.layers}")
     p.add_argument("--embed", type=positive_int, help="embedding size (default: one-hot)")

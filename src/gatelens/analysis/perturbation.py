@@ -86,8 +86,12 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
     if keep is None:
         return None
     s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
-    f, f2 = (pooled(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
-    if trace.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
+    f, f2 = (keep_on_state(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
+    if trace.spec.candidate is None and not {"i", "g"} <= set(trace.spec.signals):
+        # an official family's write (Mamba's Δ B u, mLSTM's i v kᵀ, RWKV's e^k (v, 1)):
+        # e_t = s_t − a_t ⊙ s_{t−1} from its own states, from the zero state it starts in
+        entry, entry2 = (_written(x, a) for x, a in ((s, f), (s2, f2)))
+    elif trace.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
         i, g = (pooled(trace, k).double() for k in "ig")
         i2, g2 = (pooled(perturbed, k).double() for k in "ig")
         entry = i * g  # (B, T, S): what the unperturbed cell writes
@@ -106,6 +110,25 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
         forget[:, t] = f[:, t] * forget[:, t - 1]
         ret[:, t] = f[:, t] * ret[:, t - 1] + u
     return {"measured": measured, "forget_path": forget, "return_path": ret}
+
+
+def keep_on_state(trace: Trace, keep: str) -> Tensor:
+    """The keep factor of each coordinate of the pooled state s, (B, T, S): the keep gate
+    itself where s has one coordinate a unit, else gathered by the family's
+    ``state_units`` (``Trace.meta``: a head's f on its whole matrix memory, RWKV's e^{−w}
+    on num and den)."""
+    f = pooled(trace, keep)  # (B, T, L·H)
+    units = trace.meta.get("state_units")
+    if units is None:
+        return f
+    H = f.shape[-1] // trace.num_layers
+    return f[..., torch.cat([u.to(f.device) + k * H for k, u in enumerate(units)])]
+
+
+def _written(s: Tensor, a: Tensor) -> Tensor:
+    """What a cell wrote at each step, e_t = s_t − a_t ⊙ s_{t−1} (s_{−1} = 0), (B, T, S)."""
+    prev = torch.cat([torch.zeros_like(s[:, :1]), s[:, :-1]], dim=1)  # (B, T, S)
+    return s - a * prev
 
 
 def _ratio_rows(delta: Tensor, position: int, keep: Tensor,
@@ -134,7 +157,8 @@ def decay_rows(trace: Trace, perturbed: Trace, position: int,
                          f"{s.shape[1]}")
     delta = s2.double() - s.double()  # (B, T, S)
     keep = delta[:, position].norm(dim=-1) > 0  # (B,)
-    h, h2 = (pooled(t, "h") for t in (trace, perturbed))  # (B, T, H_out)
+    out = "h" if "h" in trace.spec.signals else "y"  # Mamba, RWKV: the layer's output y
+    h, h2 = (pooled(t, out) for t in (trace, perturbed))  # (B, T, H_out)
     rows = {"measured": _ratio_rows(delta, position, keep),
             "measured_h": _ratio_rows(h2.double() - h.double(), position, keep)}
     out = {"rows": rows, "residual": None, "state": trace.state_name}

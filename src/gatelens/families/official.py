@@ -247,7 +247,11 @@ class OfficialFamily(Family, abc.ABC):
                 sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
                 for letter in self.spec.signals:
                     signals[f"{layer_name(k)}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
-        return Readout(signals=signals, meta={"method": "anchored", "family": self.name})
+        # the keep gate is per unit, s per coordinate: the perturbation split reads which
+        # unit's keep factor scales each coordinate of s (Trace.meta["state_units"])
+        units = [self.state_units(k) for k in range(self.num_layers)]
+        return Readout(signals=signals, meta={"method": "anchored", "family": self.name,
+                                              "state_units": units})
 
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
         rows = []

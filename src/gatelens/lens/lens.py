@@ -247,8 +247,12 @@ class Lens:
         """``model`` on ids (or ``encode(ids)``); a model that cannot read ids is one line."""
         if self.encode is not None:
             return model(self.encode(ids))
+        # an HF model reads whole windows without its cache: transformers 5.23's RWKV, its
+        # cache on (the default in eval), broadcasts a one-token batch (B, 1) to (B, B, V)
+        kwargs = {"use_cache": False} if hasattr(getattr(model, "config", None),
+                                                 "use_cache") else {}
         try:
-            return model(ids)
+            return model(ids, **kwargs)
         except (TypeError, RuntimeError, IndexError, AttributeError, ValueError) as e:
             first = " ".join(str(e).split())[:160]
             raise GatelensError(

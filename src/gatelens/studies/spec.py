@@ -70,7 +70,8 @@ SECTIONS = ("grid", "train", "analysis")
 #: context used (every checkpoint is analysed, and they would multiply a trial's time)
 STUDY_ANALYSIS = {"exponents": 0, "memory_windows": 0}
 ANALYSIS_DEFAULTS = {k: DEFAULTS.to_dict()[k] for k in ("windows", "length", "perturb_pos")}
-PRESETS = ("dynamics", "forget-bias", "cells", "long-memory", "modern", "barely-moved")
+PRESETS = ("dynamics", "forget-bias", "cells", "long-memory", "modern", "barely-moved",
+           "modern-official")
 _FIELD_TYPES = {f.name: str(f.type).split("|")[0].strip() for f in fields(TrainConfig)}
 TRAIN_KEYS = (*_FIELD_TYPES, "init")
 

@@ -13,22 +13,27 @@ from dataclasses import asdict, dataclass, fields
 
 from gatelens.errors import SEED_MAX, SEED_MIN, GatelensError
 from gatelens.families.spec import FAMILIES, family_spec
+from gatelens.training.official_model import OFFICIAL_CELLS, check_official, is_official
 
 #: ``--optimizer`` choices (gatelens.training.optim builds them with PyTorch's defaults).
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
 #: ``--bias-init`` choices: PyTorch's own initialisation, or every recurrent bias 0.
 BIAS_INITS = ("pytorch", "zero")
+#: ``--cell`` choices: PyTorch's and gatelens's cells, then the official implementations'
+#: (training/official_model.py; the gatelens[modern] extra)
+CELL_NAMES: tuple[str, ...] = FAMILIES + OFFICIAL_CELLS
 
 
 @dataclass
 class TrainConfig:
     corpus: str = "shakespeare"  # built-in corpus name or a UTF-8 text file's path
-    cell: str = "lstm"  # lstm | gru | rnn | mingru | minlstm | slstm
+    cell: str = "lstm"  # lstm | gru | rnn | mingru | minlstm | slstm, or an official
+    #                     implementation's (official_model.OFFICIAL_CELLS: xlstm-slstm ...)
     hidden: int = 325  # H, units per layer (the seed's 325)
     layers: int = 1  # stacked recurrent layers
     embed: int | None = None  # None: one-hot input, W_ih has a column per character
     nonlinearity: str = "tanh"  # plain RNN only: tanh | relu
-    heads: int = 1  # sLSTM only: blocks of the block-diagonal recurrent R (must divide hidden)
+    heads: int = 1  # sLSTM, xlstm-slstm, xlstm-mlstm only: heads (must divide hidden)
     steps: int = 800  # optimiser steps (the seed's 800)
     batch: int = 32  # windows per batch
     seq: int = 128  # characters per training window (targets are the next characters)
@@ -54,17 +59,20 @@ class TrainConfig:
         if self.embed is not None and (not isinstance(self.embed, int)
                                        or isinstance(self.embed, bool) or self.embed <= 0):
             raise GatelensError(f"--embed must be a positive integer, got {self.embed}")
-        if self.cell not in FAMILIES:
-            raise GatelensError(f"--cell must be one of {', '.join(FAMILIES)}, got {self.cell!r}")
+        if self.cell not in CELL_NAMES:
+            raise GatelensError(f"--cell must be one of {', '.join(CELL_NAMES)}, "
+                                f"got {self.cell!r}")
         if self.nonlinearity not in ("tanh", "relu"):
             raise GatelensError(f"--nonlinearity must be tanh or relu, got {self.nonlinearity!r}")
         if self.nonlinearity != "tanh" and self.cell != "rnn":
             raise GatelensError("--nonlinearity applies to --cell rnn only")
         if not isinstance(self.heads, int) or isinstance(self.heads, bool) or self.heads <= 0:
             raise GatelensError(f"--heads must be a positive integer, got {self.heads}")
-        if self.heads != 1 and self.cell != "slstm":
-            raise GatelensError("--heads applies to --cell slstm only")
-        if self.hidden % self.heads:
+        if is_official(self.cell):  # its own rule for --hidden and --heads
+            self._check_official()
+        elif self.heads != 1 and self.cell != "slstm":
+            raise GatelensError("--heads applies to --cell slstm, xlstm-slstm, xlstm-mlstm only")
+        elif self.hidden % self.heads:
             raise GatelensError(f"--heads {self.heads} must divide --hidden {self.hidden}")
         for name in ("lr", "clip"):
             v = getattr(self, name)
@@ -87,8 +95,8 @@ class TrainConfig:
                                 f"got {self.bias_init!r}")
         if self.forget_bias is not None and self.chrono is not None:
             raise GatelensError("--forget-bias and --chrono are exclusive; give one")
-        if family_spec(self.cell).keep_gate is None and (self.forget_bias is not None
-                                                          or self.chrono is not None):
+        if not is_official(self.cell) and family_spec(self.cell).keep_gate is None and (
+                self.forget_bias is not None or self.chrono is not None):
             flag = "--forget-bias" if self.forget_bias is not None else "--chrono"
             raise GatelensError(f"{flag} needs a gated cell (not rnn); a plain rnn has "
                                 "no forget gate")
@@ -97,6 +105,20 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise GatelensError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         return self
+
+    def _check_official(self) -> None:
+        """What an official implementation's model cannot take: an embedding size (it
+        embeds into --hidden), gatelens's keep-gate initialisers (its own init stands)."""
+        given = [flag for flag, on in (("--embed", self.embed is not None),
+                                        ("--forget-bias", self.forget_bias is not None),
+                                        ("--chrono", self.chrono is not None),
+                                        (f"--bias-init {self.bias_init}",
+                                         self.bias_init != "pytorch"))
+                 if on]
+        if given:
+            raise GatelensError(f"{given[0]} does not apply to --cell {self.cell} (the "
+                                "official model embeds into --hidden and keeps its own init)")
+        check_official(self.cell, self.hidden, self.layers, self.heads)
 
     def to_dict(self) -> dict:
         return asdict(self)

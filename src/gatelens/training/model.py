@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from gatelens.cells.modern import MODERN, is_modern
 from gatelens.families.spec import CellSpec, family_spec
 from gatelens.training.config import check_chrono
+from gatelens.training.official_model import OfficialLM, is_official, size_multiple
 
 #: PyTorch's modules by ``--cell`` name; gatelens's own cells are ``modern.MODERN``.
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
@@ -184,6 +185,18 @@ def initial_keep_value(forget_bias: float | None) -> float:
     return 0.5 if forget_bias is None else 1.0 / (1.0 + math.exp(-forget_bias))
 
 
+def build_lm(model: dict, vocab_size: int) -> CharLM | OfficialLM:
+    """The (untrained) language model a run's config.json "model" block describes: a
+    CharLM, or an official implementation's module in an OfficialLM.
+
+    >>> type(build_lm({"cell": "gru", "hidden": 4, "layers": 1}, 5)).__name__
+    'CharLM'
+    """
+    if is_official(model["cell"]):
+        return OfficialLM.from_config(model, vocab_size)
+    return CharLM.from_config(model, vocab_size)
+
+
 def parameter_count(model: dict, vocab_size: int) -> int:
     """Trainable parameters of the CharLM a "model" block describes (built on the meta
     device: no memory, no init).
@@ -194,13 +207,14 @@ def parameter_count(model: dict, vocab_size: int) -> int:
     561684
     """
     with torch.device("meta"):
-        m = CharLM.from_config(model, vocab_size)
+        m = build_lm(model, vocab_size)
     return sum(p.numel() for p in m.parameters())
 
 
 def matched_hidden(model: dict, target: int, vocab_size: int) -> int:
-    """The hidden size (a multiple of sLSTM's heads) whose parameter count is nearest
-    ``target``, the rest of ``model`` as given; the smaller on a tie.
+    """The hidden size (a multiple of sLSTM's heads, or of what an official cell's width
+    must divide by) whose parameter count is nearest ``target``, the rest of ``model`` as
+    given; the smaller on a tie.
 
     >>> matched_hidden({"cell": "gru", "layers": 1}, 561684, 84)
     379
@@ -209,6 +223,8 @@ def matched_hidden(model: dict, target: int, vocab_size: int) -> int:
     [-3672, -1059, 1560]
     """
     step = int(model.get("heads", 1) or 1)
+    if is_official(model["cell"]):
+        step = size_multiple(model["cell"], step)
 
     def count(k: int) -> int:  # increasing in k
         return parameter_count({**model, "hidden": k * step}, vocab_size)

@@ -28,7 +28,7 @@ from gatelens.errors import GatelensError
 from gatelens.io import NO_CAP, SMALL_CAP, atomic_write, check_regular, read_utf8
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab
-from gatelens.training.model import CharLM
+from gatelens.training.model import CharLM, build_lm
 
 CONFIG, WEIGHTS, HISTORY = "config.json", "model.safetensors", "history.csv"
 CKPT_DIR = "checkpoints"
@@ -254,8 +254,8 @@ def load_run(run: str | Path, checkpoint: str | int = "best", *,
     try:
         with torch.device("meta"):  # the shapes config.json implies, without memory
             expected = {k: tuple(v.shape) for k, v in
-                        CharLM.from_config(cfg["model"], len(cfg["vocab"])).state_dict().items()}
-    except (ValueError, TypeError, RuntimeError) as e:
+                        build_lm(cfg["model"], len(cfg["vocab"])).state_dict().items()}
+    except (ValueError, TypeError, RuntimeError, KeyError) as e:
         raise GatelensError(f"{run / CONFIG}: not a model gatelens can build ({e})") from None
     shapes = read_shapes(path)
     missing = sorted(set(expected) - set(shapes))
@@ -268,7 +268,7 @@ def load_run(run: str | Path, checkpoint: str | int = "best", *,
             raise GatelensError(f"{path}: {name} has shape {shapes[name]}, "
                                 f"{CONFIG} implies {shape}")
     tensors = read_weights(path, check_finite=check_finite)
-    model = CharLM.from_config(cfg["model"], len(cfg["vocab"]))
+    model = build_lm(cfg["model"], len(cfg["vocab"]))
     try:
         model.load_state_dict(tensors)
     except RuntimeError as e:  # e.g. a dtype PyTorch cannot copy from

@@ -39,7 +39,8 @@ from gatelens.training.checkpoints import (
 )
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
-from gatelens.training.model import CharLM, set_chrono, set_forget_bias, zero_biases
+from gatelens.training.model import CharLM, build_lm, set_chrono, set_forget_bias, zero_biases
+from gatelens.training.official_model import OfficialLM, is_official, official_block
 from gatelens.training.optim import make_optimizer, optimizer_record
 from gatelens.training.runs import (
     CKPT_DIR,
@@ -112,17 +113,23 @@ def _synthetic(name: str) -> dict:
 
 
 def model_config(cfg: TrainConfig) -> dict:
-    """config.json's "model" block (less the vocabulary size) for a training config."""
+    """config.json's "model" block (less the vocabulary size) for a training config; an
+    official implementation's adds its settings and package version ("official")."""
+    if is_official(cfg.cell):
+        return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": None,
+                "nonlinearity": "tanh", "input": "embedding",
+                **({"heads": cfg.heads} if cfg.cell.startswith("xlstm-") else {}),
+                "official": official_block(cfg.cell)}
     return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": cfg.embed,
             "nonlinearity": cfg.nonlinearity, "input": "embedding" if cfg.embed else "one-hot",
             **({"heads": cfg.heads} if cfg.cell == "slstm" else {})}
 
 
-def build(cfg: TrainConfig, vocab_size: int) -> CharLM:
+def build(cfg: TrainConfig, vocab_size: int) -> CharLM | OfficialLM:
     """The untrained model for ``cfg``: PyTorch's init from the seed, then ``--bias-init
     zero``, then a forget bias or chrono."""
     set_seed(cfg.seed)
-    model = CharLM.from_config(model_config(cfg), vocab_size)
+    model = build_lm(model_config(cfg), vocab_size)
     if cfg.bias_init == "zero":
         zero_biases(model)
     if cfg.forget_bias is not None:
