@@ -76,32 +76,27 @@ def check_readout(rows: list[dict], dev: str, T: int = 96) -> None:
                              f"(one-step h {err:.2e}, tol {v.tol:.0e})"})
 
 
-def numbers(node: object, path: str = "") -> dict[str, float]:
-    """Every number in a report, by its path."""
-    out: dict[str, float] = {}
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out.update(numbers(v, f"{path}.{k}"))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out.update(numbers(v, f"{path}[{i}]"))
-    elif isinstance(node, (int, float)) and not isinstance(node, bool):
-        out[path] = float(node)
-    return out
-
-
-def words(node: object, path: str = "") -> dict[str, object]:
-    """Every verdict-like leaf (str and bool) of a report, by its path."""
+def leaves(node: object, kinds: tuple[type, ...], path: str = "") -> dict[str, object]:
+    """Every leaf of a report of one of ``kinds``, by its path (bools are not numbers)."""
     out: dict[str, object] = {}
     if isinstance(node, dict):
         for k, v in node.items():
-            out.update(words(v, f"{path}.{k}"))
+            out.update(leaves(v, kinds, f"{path}.{k}"))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            out.update(words(v, f"{path}[{i}]"))
-    elif isinstance(node, (str, bool)):
+            out.update(leaves(v, kinds, f"{path}[{i}]"))
+    elif isinstance(node, kinds) and (bool in kinds or not isinstance(node, bool)):
         out[path] = node
     return out
+
+
+def numbers(report: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in leaves(report, (int, float)).items()}
+
+
+def words(report: dict) -> dict[str, object]:
+    """The verdict-like leaves: strings and booleans."""
+    return leaves(report, (str, bool))
 
 
 def train_and_analyze(rows: list[dict], workdir: Path, dev: str, steps: int = 50,

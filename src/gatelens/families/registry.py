@@ -25,7 +25,6 @@ FAMILIES: tuple[str, ...] = (
     "gatelens.families.modern:SLSTMFamily",
     # cells PyTorch has no module for (ONNX peepholes, reset-before GRU, Keras activations)
     "gatelens.families.variants:VariantLSTMFamily",
-    # cells PyTorch has no module for (ONNX peepholes, reset-before GRU, Keras activations)
     "gatelens.families.variants:VariantGRUFamily",
     # the official implementations (gatelens[modern]); each tests its class by module path
     "gatelens.families.xlstm_slstm:XLSTMSLSTMFamily",
