@@ -48,6 +48,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, Reference
 from gatelens.families.registry import open_family
 from gatelens.families.spec import CellSpec
+from gatelens.families.stepped import Recorded
 from gatelens.progress import Progress
 from gatelens.readout.trace import State, read, trace
 from gatelens.readout.trace_types import Trace
@@ -60,7 +61,9 @@ BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 class Captured:
     """What one forward pass of a model gave for one of its recurrent modules."""
 
-    inputs: Tensor | PackedSequence  # the module's input, as the module was called
+    #: the module's input, as the module was called; or a trajectory stitched from calls of
+    #: one step each (families/stepped.Recorded: a cell in a loop, a per-step decoder)
+    inputs: Tensor | PackedSequence | Recorded
     state: State = None  # the initial state it was called with (None: zeros)
     logits: Tensor | None = None  # (B, T, V) the model's next-token logits, if it gives them
 
