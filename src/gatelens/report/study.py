@@ -126,6 +126,17 @@ def _legend(fig: Figure, ax, n: int) -> None:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
+def _style(k: int) -> tuple[str, str, str]:
+    """Condition k's colour, line style and marker: matplotlib's 10 colours, then the same
+    colours dashed with triangles, dotted with squares, so more than 10 conditions stay
+    apart.
+
+    >>> _style(0), _style(11)
+    (('C0', '-', 'o'), ('C1', '--', '^'))
+    """
+    return f"C{k % 10}", ("-", "--", ":")[k // 10 % 3], ("o", "^", "s")[k // 10 % 3]
+
+
 def plot_over_training(study: dict, name: str) -> Figure | None:
     """One figure over training steps: per condition the mean over seeds and a min–max band."""
     fig = Figure(figsize=(7, 3.6))
@@ -137,8 +148,9 @@ def plot_over_training(study: dict, name: str) -> Figure | None:
         if not pts:
             continue
         x = [p[0] for p in pts]
-        color = f"C{k % 10}"
-        ax.plot(x, [p[1]["mean"] for p in pts], "o-", ms=3, color=color, label=cond["label"])
+        color, line, marker = _style(k)
+        ax.plot(x, [p[1]["mean"] for p in pts], marker=marker, ls=line, ms=3, color=color,
+                label=cond["label"])
         ax.fill_between(x, [p[1]["min"] for p in pts], [p[1]["max"] for p in pts],
                         color=color, alpha=0.15, lw=0)
         drawn = True
@@ -158,14 +170,14 @@ def plot_scatter(study: dict) -> Figure | None:
     ax = fig.subplots()
     drawn = False
     for k, cond in enumerate(study["conditions"]):
-        color = f"C{k % 10}"
+        color, _, marker = _style(k)
         pts = [(t["figures"]["best_val_loss"], t["figures"]["perturbation_half_life"])
                for t in study["trials"] if t["condition"] == cond["condition"]
                and t["figures"].get("best_val_loss") is not None
                and t["figures"].get("perturbation_half_life") is not None]
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, alpha=0.6,
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color=color, alpha=0.6,
                 label=cond["label"])
         fx, fy = cond["figures"]["best_val_loss"], cond["figures"]["perturbation_half_life"]
         if fx["mean"] is not None and fy["mean"] is not None:
@@ -195,7 +207,7 @@ def plot_unit_half_lives(study: dict) -> Figure | None:
         n = len(lives)
         xs = [max(v, 1e-2) for v in lives if math.isfinite(v)]
         ys = [1 - j / n for j in range(len(xs))]  # fraction with half-life ≥ x
-        ax.step(xs, ys, where="post", color=f"C{k % 10}",
+        ax.step(xs, ys, where="post", color=_style(k)[0], ls=_style(k)[1],
                 label=f"{cond['label']} ({n} units)")
     ax.axvline(10, color="0.5", lw=0.8, ls="--")
     ax.set_xscale("log")
