@@ -9,9 +9,9 @@ Mamba's tiny out_proj).
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
-import pytest
 import torch
 
 VOCAB, DIM, T, B = 11, 16, 24, 3
@@ -56,7 +56,7 @@ def _spread(module: torch.nn.Module, std: float, skip: tuple[str, ...] = ()) -> 
 
 
 def mingru_lm(layers: int = 1, lstm: bool = False, dtype=torch.float32):
-    pytest.importorskip("minGRU_pytorch")
+    importlib.import_module("minGRU_pytorch")
     from minGRU_pytorch.minLM import minLM
 
     from gatelens.families.mingru_pytorch import MinGRUPytorchFamily
@@ -68,7 +68,7 @@ def mingru_lm(layers: int = 1, lstm: bool = False, dtype=torch.float32):
 
 
 def hf_mamba(layers: int = 1, dtype=torch.float32):
-    pytest.importorskip("transformers")
+    importlib.import_module("transformers")
     _quiet()
     from transformers import MambaConfig, MambaModel
 
@@ -85,7 +85,7 @@ def hf_mamba(layers: int = 1, dtype=torch.float32):
 
 
 def mambapy_stack(layers: int = 1, dtype=torch.float32):
-    pytest.importorskip("mambapy")
+    importlib.import_module("mambapy")
     from mambapy.mamba import Mamba, MambaConfig
 
     from gatelens.families.mambapy import MambapyFamily
@@ -101,7 +101,7 @@ def mambapy_stack(layers: int = 1, dtype=torch.float32):
 def hf_rwkv(layers: int = 2, dtype=torch.float32):
     """RWKV-4; transformers 5.23 cannot build one layer (ZeroDivisionError in its
     _init_weights), so a one-layer model is a two-layer one with its top block dropped."""
-    pytest.importorskip("transformers")
+    importlib.import_module("transformers")
     _quiet()
     from transformers import RwkvConfig, RwkvModel
 
@@ -121,7 +121,7 @@ def hf_rwkv(layers: int = 2, dtype=torch.float32):
 
 
 def xlstm_slstm(layers: int = 1, dtype=torch.float32):
-    pytest.importorskip("xlstm")
+    importlib.import_module("xlstm")
     from gatelens.families.xlstm_slstm import XLSTMSLSTMFamily, tiny_slstm_stack
 
     torch.manual_seed(5)
@@ -130,7 +130,7 @@ def xlstm_slstm(layers: int = 1, dtype=torch.float32):
 
 
 def xlstm_mlstm(layers: int = 1, dtype=torch.float32):
-    pytest.importorskip("xlstm")
+    importlib.import_module("xlstm")
     from gatelens.families.xlstm_mlstm import XLSTMMLSTMFamily, tiny_mlstm_stack
 
     torch.manual_seed(6)
@@ -139,7 +139,7 @@ def xlstm_mlstm(layers: int = 1, dtype=torch.float32):
 
 
 def hf_mamba2(layers: int = 1, dtype=torch.float32):
-    pytest.importorskip("transformers")
+    importlib.import_module("transformers")
     _quiet()
     from transformers import Mamba2Config, Mamba2Model
 

@@ -20,6 +20,9 @@ from gatelens.lock import LOCK, holder, locked
 from gatelens.studies.spec import parse_spec
 from gatelens.training.runs import read_config, read_metadata
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared CLI helpers (importlib mode)
+from cli_helpers import one_line  # noqa: E402
+
 SMALL = ["--hidden", "8", "--batch", "4", "--seq", "16", "--val-windows", "2", "--quiet"]
 # another holder, speaking the lock's protocol (flock + who) without importing gatelens
 HOLD = """
@@ -31,15 +34,6 @@ os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
 print("held", flush=True)
 time.sleep(120)
 """
-
-
-def one_line(capsys, argv, code: int = 2) -> str:
-    got = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert got == code, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def hold(directory: Path) -> subprocess.Popen:

@@ -6,6 +6,8 @@ usage errors before anything is written."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,17 +21,8 @@ from gatelens.training.runs import load_run, read_config, read_weights
 from gatelens.training.sample import sample
 from gatelens.training.train import TrainingDiverged, train
 
-SMALL = ["--hidden", "8", "--steps", "4", "--batch", "4", "--seq", "16", "--eval-every", "2",
-         "--val-windows", "2", "--quiet"]
-
-
-def one_line(capsys, argv, code: int = 2) -> str:
-    got = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert got == code, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+sys.path.insert(0, str(Path(__file__).parent))  # the shared CLI helpers (importlib mode)
+from cli_helpers import SMALL, one_line  # noqa: E402
 
 
 @pytest.fixture

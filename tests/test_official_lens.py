@@ -12,6 +12,7 @@ that paired the keep gate with the wrong state coordinates would fail.
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import warnings
@@ -34,7 +35,7 @@ WINDOWS, LENGTH, P = 2, 32, 8
 
 
 def _xlstm(kind: str) -> torch.nn.Module:
-    xlstm = pytest.importorskip("xlstm")
+    xlstm = importlib.import_module("xlstm")
     blocks = {"slstm_block": xlstm.sLSTMBlockConfig(slstm=xlstm.sLSTMLayerConfig(
         backend="vanilla", num_heads=2)), "slstm_at": "all"} if kind == "slstm" else {
         "mlstm_block": xlstm.mLSTMBlockConfig(mlstm=xlstm.mLSTMLayerConfig(num_heads=2)),
@@ -46,7 +47,7 @@ def _xlstm(kind: str) -> torch.nn.Module:
 
 
 def _hf(kind: str) -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
+    transformers = importlib.import_module("transformers")
     _quiet()
     if kind == "mamba":
         return transformers.MambaForCausalLM(transformers.MambaConfig(
@@ -62,14 +63,14 @@ def _hf(kind: str) -> torch.nn.Module:
 
 
 def _minlm() -> torch.nn.Module:
-    pytest.importorskip("minGRU_pytorch")
+    importlib.import_module("minGRU_pytorch")
     from minGRU_pytorch.minLM import minLM
 
     return minLM(num_tokens=V, dim=D, depth=2)
 
 
 def _mambapy() -> torch.nn.Module:
-    pytest.importorskip("mambapy")
+    importlib.import_module("mambapy")
     from mambapy.mamba import Mamba, MambaConfig
 
     # mambapy 1.2.0's own MambaLM imports mamba_ssm (CUDA only): wrapped by hand

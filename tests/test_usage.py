@@ -4,6 +4,8 @@ exit 2, nothing written."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,19 +13,11 @@ import gatelens.io as gio
 from gatelens.cli import main
 from gatelens.training.runs import read_config
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared CLI helpers (importlib mode)
+from cli_helpers import SMALL, one_line  # noqa: E402
+
 TEXT = "\n".join(" ".join(("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy",
                              "dog")[(i * 7 + k) % 9] for k in range(8)) for i in range(300))
-SMALL = ["--hidden", "8", "--steps", "4", "--batch", "4", "--seq", "16", "--eval-every", "2",
-         "--val-windows", "2", "--quiet"]
-
-
-def one_line(capsys, argv, code: int = 2) -> str:
-    got = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert got == code, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

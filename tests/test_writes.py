@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,19 +25,11 @@ from gatelens.training.config import TrainConfig
 from gatelens.training.runs import load_run, read_config, read_metadata
 from gatelens.training.train import train
 
-SMALL = ["--hidden", "8", "--steps", "4", "--batch", "4", "--seq", "16", "--eval-every", "2",
-         "--val-windows", "2", "--quiet"]
+sys.path.insert(0, str(Path(__file__).parent))  # the shared CLI helpers (importlib mode)
+from cli_helpers import SMALL, one_line  # noqa: E402
+
 FAILURES = [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system"),
             (errno.EACCES, "Permission denied")]
-
-
-def one_line(capsys, argv, code: int = 2) -> str:
-    got = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    assert got == code, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def files(d: Path) -> dict[str, bytes]:

@@ -42,27 +42,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     >>> p.read_text()
     'hi'
     """
-    path = Path(path)
-    tmp_path = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-        os.close(fd)
-        tmp_path = Path(tmp)
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        write(tmp_path)
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
-    except BaseException as e:
-        if tmp_path is not None:
-            try:
-                tmp_path.unlink(missing_ok=True)
-            except OSError:
-                pass
-        if isinstance(e, OSError):
-            raise write_error(path, e) from None
-        raise
+    atomic_write_many({Path(path): write})
 
 
 def atomic_write_many(writes: dict[Path, Callable[[Path], None]]) -> None:

@@ -284,17 +284,18 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
         base_acc.units.result(init_value))
     info = dict(text or {"windows": B, "length": T, "source": "ids"})
     info.update(chars=B * T, chunks=-(-B // step), percentiles=acc.gates.method)
+    divergence = None if not acc.rates else summarize_rates(
+        {k: np.concatenate(v) for k, v in acc.rates.items()}, min(BURN_IN, T // 2))
     a = Analysis(
         model=dict(model or {**fam.describe(), "step": None}), text=info, chars=list(chars),
         windows=ids, perturbed=perturbed, perturb_pos=perturb_pos, trace=kept["trace"],
         trace_perturbed=kept["trace_perturbed"],
-        verification=_with_regime(merge_results(acc.verification), acc.rates,
-                                  min(BURN_IN, T // 2)), gates=acc.gates.result(),
+        verification=_with_regime(merge_results(acc.verification), divergence),
+        gates=acc.gates.result(),
         units=acc.units.result(init_value),
         perturbation=decay_from_rows(acc.decay, perturb_pos, T),
         decomposition=kept["decomposition"], char_classes=acc.classes.result(),
-        divergence=None if not acc.rates else summarize_rates(
-            {k: np.concatenate(v) for k, v in acc.rates.items()}, min(BURN_IN, T // 2)),
+        divergence=divergence,
         reach=None if acc.reach_note else reach_from_rows(acc.reach, perturb_pos, T),
         reach_note=acc.reach_note, baseline=base,
         lyapunov=None if spectrum is None or spectrum.starts is None else spectrum.result(),
@@ -305,12 +306,11 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str], *,
     return a
 
 
-def _with_regime(ver: VerifyResult, rates: dict, burn_in: int) -> VerifyResult:
+def _with_regime(ver: VerifyResult, div: DivergenceRate | None) -> VerifyResult:
     """The verdict told the divergence rate's regime, so its words say what report.json's
     divergence says (a contracting model whose re-run parts by rounding is not chaotic)."""
-    if not rates:
+    if div is None:
         return ver
-    div = summarize_rates({k: np.concatenate(v) for k, v in rates.items()}, burn_in)
     return replace(ver, regime=div.regime if math.isfinite(div.lyapunov_per_char) else None)
 
 

@@ -177,7 +177,12 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
         return push1
 
     def one(*tv: Tensor) -> tuple[Tensor, ...]:
-        return torch.func.jvp(f, prev, tv)[1]
+        out = torch.func.jvp(f, prev, tv)[1]
+        # a part of the state no tangent reaches (one that reads only the input: RWKV's token
+        # shift in its first layer) comes back unbatched, which vmap (PyTorch 2.13) cannot
+        # place at out_dims=2; an exact zero from the tangents makes every part batched
+        zero = 0.0 * tv[0].sum()
+        return tuple(o + zero for o in out)
 
     batched = torch.func.vmap(one, in_dims=2, out_dims=2, chunk_size=TANGENT_CHUNK)
 

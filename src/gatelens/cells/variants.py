@@ -233,6 +233,14 @@ class _Variant(nn.Module):
         out = torch.cat([s[0] for s in seqs], dim=-1)  # (B, T, D·H)
         return out, (tuple(finals) if self.kind == "lstm" else finals[0])
 
+    @classmethod
+    def _from_module(cls, m: nn.RNNBase) -> _Variant:
+        """This variant with the weights of a one-layer nn.LSTM / nn.GRU, either direction."""
+        dirs = ("forward", "reverse") if m.bidirectional else ("forward",)
+        v = cls(m.input_size, m.hidden_size, directions=dirs)
+        _copy_from(v, m)
+        return v
+
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, directions={self.directions}, "
                 f"recurrent_activation={self.recurrent_activation!r}, "
@@ -264,10 +272,7 @@ class VariantLSTM(_Variant):
     @classmethod
     def from_lstm(cls, lstm: nn.LSTM) -> VariantLSTM:
         """The same weights as a one-layer nn.LSTM (for tests and comparisons)."""
-        dirs = ("forward", "reverse") if lstm.bidirectional else ("forward",)
-        v = cls(lstm.input_size, lstm.hidden_size, directions=dirs)
-        _copy_from(v, lstm)
-        return v
+        return cls._from_module(lstm)
 
 
 class VariantGRU(_Variant):
@@ -296,10 +301,7 @@ class VariantGRU(_Variant):
     @classmethod
     def from_gru(cls, gru: nn.GRU) -> VariantGRU:
         """The same weights as a one-layer nn.GRU (reset after, sigmoid/tanh)."""
-        dirs = ("forward", "reverse") if gru.bidirectional else ("forward",)
-        v = cls(gru.input_size, gru.hidden_size, directions=dirs)
-        _copy_from(v, gru)
-        return v
+        return cls._from_module(gru)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", reset_after={self.reset_after}"

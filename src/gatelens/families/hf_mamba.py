@@ -26,6 +26,8 @@ True
 
 from __future__ import annotations
 
+import abc
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -64,8 +66,9 @@ class MambaCell(OfficialFamily):
     cell_name = "mamba"
     units_name = "(channel, state) pair"
 
+    @abc.abstractmethod
     def mixers(self, m: nn.Module) -> list[nn.Module]:
-        raise NotImplementedError
+        """The model's mixers, bottom to top (where each implementation keeps them)."""
 
     @property
     def _mixer(self) -> nn.Module:

@@ -127,10 +127,7 @@ class HFRwkvFamily(OfficialFamily):
         att, ffn = blk.attention, blk.feed_forward
         a_prev, num, den, f_prev = parts
         h = blk.pre_ln(u) if k == 0 else u
-        # (R, C); the zero term ties layer 0's token shift (its input alone) to the state it
-        # replaces: under torch.func.vmap a JVP output that no tangent reaches comes back
-        # unbatched and cannot be put at out_dims=2 (PyTorch 2.13), as the spectrum asks
-        a = blk.ln1(h) + 0.0 * a_prev
+        a = blk.ln1(h)  # (R, C): the token shift's next state, the layer's input alone
 
         def mix(cur, prev, mu):
             mu = mu.reshape(-1)

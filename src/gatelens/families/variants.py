@@ -27,6 +27,7 @@ reverse direction; a reverse-only module has only those).
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 import torch
@@ -156,8 +157,9 @@ class _VariantFamily(Family):
         final = tuple(finals) if self.n_parts == 2 else finals[0]
         return Reference(states, {"layer0": call.inputs}, initial, out, final)
 
+    @abc.abstractmethod
     def _step(self, w: VariantWeights, x: Tensor, parts: list[Tensor]) -> dict[str, Tensor]:
-        raise NotImplementedError
+        """One step of the cell from the state parts at t − 1: every signal by letter."""
 
     def _fed(self, call: Call, ref: Reference, d: int, reverse: bool, name: str,
              dtype: torch.dtype | None = None) -> dict[str, Tensor]:

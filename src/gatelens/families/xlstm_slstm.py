@@ -30,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import abc
 import copy
 
 import torch
@@ -130,9 +131,10 @@ class XLSTMStack(OfficialFamily):
     def _forward(self, call: Call) -> Tensor:
         return self.module(call.inputs)
 
+    @abc.abstractmethod
     def _step_state(self, k: int, st: dict, B: int) -> list[Tensor]:
-        """The dynamic parts (B, n_i) of layer k from the layer's own step state."""
-        raise NotImplementedError
+        """The dynamic parts (B, n_i) of layer k from the layer's own step state (each
+        cell's own: sLSTM's c, n, m, h; mLSTM's C, n, m)."""
 
     def _trajectory(self, call: Call) -> dict:
         L, B = self.num_layers, call.batch
