@@ -93,3 +93,16 @@ def test_the_new_training_settings_are_study_keys():
         ("adam", "zero"), ("rmsprop", "zero")]
     with pytest.raises(GatelensError, match="--optimizer must be one of adam, sgd, rmsprop"):
         parse_spec({"grid": {"optimizer": ["lbfgs"]}})
+
+
+def test_trials_run_seed_by_seed_so_a_study_stopped_early_has_every_condition(tmp_path):
+    spec = parse_spec({"grid": {"cell": ["lstm", "gru", "rnn"], "seed": [2, 0]}})
+    assert [t.id for t in spec.trials][:2] == ["cell-lstm_seed-2", "cell-lstm_seed-0"]
+    done = spec.trials[2]  # gru seed 2, finished: reused, not run
+    path = tmp_path / "trials" / done.id / "trial.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**new_record(done), "status": "done"}))
+    reused, todo = plan(spec, tmp_path)
+    assert [r["id"] for r in reused] == [done.id]
+    assert [t.id for t in todo] == ["cell-lstm_seed-2", "cell-rnn_seed-2", "cell-lstm_seed-0",
+                                    "cell-gru_seed-0", "cell-rnn_seed-0"]

@@ -59,7 +59,7 @@ from gatelens.studies.trial import (
 )
 
 __all__ = ["LOST_HOLDER_WAIT", "TRIALS", "StudyResult", "load_preset", "load_spec", "makespan",
-           "new_record", "parse_spec", "run_study", "run_trial", "step_seconds"]
+           "new_record", "parse_spec", "run_study", "run_trial", "seed_by_seed", "step_seconds"]
 
 #: Attempts a trial gets when its Ray task is lost (worker or node died), in all.
 MAX_ATTEMPTS = 3
@@ -88,7 +88,23 @@ def plan(spec: StudySpec, out: Path,
             reused.append(copy_trial(src, trial, out))
         else:
             todo.append(trial)
-    return reused, todo
+    return reused, seed_by_seed(todo)
+
+
+def seed_by_seed(trials: list[Trial]) -> list[Trial]:
+    """``trials`` in the order a study runs them: every condition at its first seed, then
+    every condition at the next, each seed's conditions in the grid's order. A study
+    stopped early then holds every condition at fewer seeds, not some at none.
+
+    >>> from gatelens.studies.spec import parse_spec
+    >>> spec = parse_spec({"grid": {"cell": ["lstm", "gru"], "seed": [0, 1]}})
+    >>> [t.id for t in spec.trials]
+    ['cell-lstm_seed-0', 'cell-lstm_seed-1', 'cell-gru_seed-0', 'cell-gru_seed-1']
+    >>> [t.id for t in seed_by_seed(spec.trials)]
+    ['cell-lstm_seed-0', 'cell-gru_seed-0', 'cell-lstm_seed-1', 'cell-gru_seed-1']
+    """
+    rank = {s: k for k, s in enumerate(dict.fromkeys(t.seed for t in trials))}
+    return sorted(trials, key=lambda t: rank[t.seed])
 
 
 def _settings_key(settings: object) -> str:
