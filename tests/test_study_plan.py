@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gatelens.errors import GatelensError
-from gatelens.studies.estimate import duration, estimate, measure_trial, size
+from gatelens.studies.estimate import TrialCost, duration, estimate, measure_trial, size
 from gatelens.studies.spec import parse_spec
 from gatelens.studies.study import new_record, plan, run_trial
 
@@ -71,7 +71,7 @@ def test_the_estimate_counts_analyses_and_disk_and_matches_a_real_trial(tiny_tex
     assert "analyses" in line and "on disk" in line and "WARNING: only 1 MB free" in line
     import gatelens.studies.study as study
 
-    monkeypatch.setattr(study, "measure_trial", lambda trial: cost)
+    monkeypatch.setattr(study, "measure_trial", lambda trial, full=True: cost)
     start = study._estimate(spec.trials, 2, tmp_path)  # what the start-up line says
     assert start.startswith(f"about {duration(est.seconds)} on 2 workers (training ")
     assert f"{cost.analysis_s:.2f} s an analysis x 3 checkpoints" in start
@@ -106,3 +106,41 @@ def test_trials_run_seed_by_seed_so_a_study_stopped_early_has_every_condition(tm
     assert [r["id"] for r in reused] == [done.id]
     assert [t.id for t in todo] == ["cell-lstm_seed-2", "cell-rnn_seed-2", "cell-lstm_seed-0",
                                     "cell-gru_seed-0", "cell-rnn_seed-0"]
+
+
+def test_the_estimate_times_each_cell_on_its_own_trial(monkeypatch, tmp_path):
+    # an sLSTM steps 5x slower than an LSTM of its size: scaling the LSTM's step by
+    # parameter count would promise a fifth of its training time
+    spec = parse_spec({"grid": {"cell": ["lstm", "gru"], "seed": [0, 1]},
+                       "train": {**TRAIN, "steps": 1000}, "analysis": ANALYSIS})
+    first = {}
+    for t in spec.trials:
+        first.setdefault(t.train["cell"], t)
+
+    def cost(trial, step_s, plots_s):
+        return TrialCost(trial, step_s, eval_s=0.0, setup_s=0.0, analysis_s=0.0,
+                         plots_s=plots_s, checkpoint_bytes=1, resume_bytes=1,
+                         analysis_bytes=1, plots_bytes=0)
+
+    lstm, gru = cost(first["lstm"], 0.01, 2.0), cost(first["gru"], 0.05, 0.0)
+    est = estimate(spec.trials, 1, lstm, {"gru": gru})
+    # 2 LSTM trials at 10 s of training and 2 GRU trials at 50 s (the same sizes); every
+    # trial's final checkpoint pays the first trial's plots
+    assert est.train_s == pytest.approx(2 * 10 + 2 * 50)
+    assert est.analysis_s == pytest.approx(4 * 2.0)
+    assert est.cells == 2 and "1 other cells measured on a trial each" in est.line(1)
+    # from the LSTM's trial alone the GRU (fewer parameters) would look faster, not slower
+    assert estimate(spec.trials, 1, lstm).train_s < 4 * 10
+    import gatelens.studies.study as study
+
+    calls = []
+
+    def measured(trial, full=True):
+        calls.append((trial.id, full))
+        return lstm if trial.train["cell"] == "lstm" else gru
+
+    monkeypatch.setattr(study, "measure_trial", measured)
+    todo = study.seed_by_seed(spec.trials)
+    start = study._estimate(todo, 1, tmp_path)
+    assert calls == [("cell-lstm_seed-0", True), ("cell-gru_seed-0", False)]
+    assert start.startswith(f"about {duration(est.seconds)} on 1 worker (training 2:00")

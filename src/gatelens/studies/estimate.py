@@ -4,12 +4,16 @@ checkpoint) and disk, measured on one trial and scaled to the others.
 ``measure_trial`` trains the first trial's model for 3 steps in a temporary directory and
 analyses its checkpoint (once to warm up, then timed without plots, as a study analyses
 every checkpoint but the last, and with them, as it analyses the last), counting the bytes
-written. It takes a few seconds (the plots alone about 4 s on a 2-core machine).
-``estimate`` scales those figures to every trial to run: training time by parameter count
-× (batch · seq) × steps, analysis time by parameter count × (windows · length), bytes of
-weights by parameter count, bytes of an analysis by units × (windows · length) (the final
-checkpoint's plots, time and bytes, as measured), and packs trials onto the workers in
-order (``makespan``). An estimate, not a promise: other cells of one size differ in speed.
+written. It takes a few seconds (the plots alone about 4 s on a 2-core machine). Cells
+differ in speed far more than parameter counts say (xlstm's sLSTM steps in Python, 4-8x
+an nn.LSTM of its size), so the first trial of every other cell in the study is measured
+too (``measure_trial(full=False)``: its 3 steps and one analysis, no warm-up, no plots).
+``estimate`` scales those figures to every trial to run, each from its own cell's:
+training time by parameter count × (batch · seq) × steps, analysis time by parameter count
+× (windows · length), bytes of weights by parameter count, bytes of an analysis by units ×
+(windows · length) (the final checkpoint's plots, time and bytes, as measured on the first
+trial), and packs trials onto the workers in order (``makespan``). An estimate, not a
+promise: one cell at other sizes, and another machine, differ.
 
 >>> makespan([10, 10, 10], 2), makespan([10, 10, 10, 10], 2), makespan([5], 4)
 (20.0, 20.0, 5.0)
@@ -121,8 +125,9 @@ def checkpoints_of(train: dict) -> int:
     return 1 + steps // every + (1 if steps % every else 0)
 
 
-def measure_trial(trial: Trial, threads: int = 1) -> TrialCost:
-    """Time and weigh ``trial``'s model on 3 training steps and 2 analyses (module doc)."""
+def measure_trial(trial: Trial, threads: int = 1, full: bool = True) -> TrialCost:
+    """Time and weigh ``trial``'s model on 3 training steps and its analyses (module doc);
+    ``full=False``: one analysis, no warm-up and no plots (``plots_s``, ``plots_bytes`` 0)."""
     import torch
 
     from gatelens.lens.analyze import analyze
@@ -137,17 +142,18 @@ def measure_trial(trial: Trial, threads: int = 1) -> TrialCost:
         t0 = time.perf_counter()
         train(cfg, d / "run", progress=False)
         t_train = time.perf_counter() - t0
-        # a warm-up first: a study's worker pays the imports once, not per checkpoint
-        analyze(d / "run", checkpoint=3, out=d / "w", progress=False, plots=False,
-                **{**STUDY_ANALYSIS, **trial.analysis})
+        settings = {**STUDY_ANALYSIS, **trial.analysis}
+        if full:  # a warm-up first: a study's worker pays the imports once, not per checkpoint
+            analyze(d / "run", checkpoint=3, out=d / "w", progress=False, plots=False,
+                    **settings)
         t0 = time.perf_counter()
-        analyze(d / "run", checkpoint=3, out=d / "a", progress=False, plots=False,
-                **{**STUDY_ANALYSIS, **trial.analysis})
-        t_analysis = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        analyze(d / "run", checkpoint=3, out=d / "p", progress=False, plots=True,
-                **{**STUDY_ANALYSIS, **trial.analysis})
-        t_plots = time.perf_counter() - t0
+        analyze(d / "run", checkpoint=3, out=d / "a", progress=False, plots=False, **settings)
+        t_analysis = t_plots = time.perf_counter() - t0
+        if full:
+            t0 = time.perf_counter()
+            analyze(d / "run", checkpoint=3, out=d / "p", progress=False, plots=True,
+                    **settings)
+            t_plots = time.perf_counter() - t0
         # train's 3 steps, 2 evaluations (steps 0 and 3), the rest is setting up
         eval_s = max(0.0, (t_train - 3 * step_s) / 3)
         return TrialCost(
@@ -155,7 +161,8 @@ def measure_trial(trial: Trial, threads: int = 1) -> TrialCost:
             plots_s=max(0.0, t_plots - t_analysis),
             checkpoint_bytes=(d / "run" / CKPT_DIR / "step-000000.safetensors").stat().st_size,
             resume_bytes=(d / "run" / RESUME).stat().st_size,
-            analysis_bytes=_bytes(d / "a"), plots_bytes=max(0, _bytes(d / "p") - _bytes(d / "a")))
+            analysis_bytes=_bytes(d / "a"),
+            plots_bytes=max(0, _bytes(d / "p") - _bytes(d / "a")) if full else 0)
     finally:
         torch.set_num_threads(old)
         shutil.rmtree(d, ignore_errors=True)
@@ -186,45 +193,59 @@ class Estimate:
     analysis_s: float
     bytes: float
     per_trial_bytes: float
-    cost: TrialCost
+    cost: TrialCost  # the first trial's
+    cells: int = 1  # cells measured, one trial each
 
     def line(self, workers: int, free: int | None = None) -> str:
         c = self.cost
         n = checkpoints_of(c.trial.train)
-        text = (f"about {duration(self.seconds)} on {workers} workers (training "
+        more = (f"; {self.cells - 1} other cells measured on a trial each"
+                if self.cells > 1 else "")
+        text = (f"about {duration(self.seconds)} on {workers} worker"
+                f"{'' if workers == 1 else 's'} (training "
                 f"{duration(self.train_s)}, analyses {duration(self.analysis_s)} of worker "
                 f"time; {c.trial.id}: {c.step_s * 1e3:.1f} ms a step, {c.analysis_s:.2f} s "
-                f"an analysis x {n} checkpoints) and about {size(self.bytes)} on disk "
+                f"an analysis x {n} checkpoints{more}) and about {size(self.bytes)} on disk "
                 f"({size(self.per_trial_bytes)} a trial)")
         if free is not None and self.bytes > free:
             text += f"; WARNING: only {size(free)} free there"
         return text
 
 
-def estimate(todo: list[Trial], workers: int, cost: TrialCost) -> Estimate:
-    """Scale ``cost`` (measured on one trial) to every trial of ``todo`` (module doc)."""
-    base = cost.trial
-    p0 = _params(base.train)
-    tokens0 = base.train["batch"] * base.train["seq"]
-    win0 = base.analysis["windows"] * base.analysis["length"]
-    units0 = base.train["hidden"] * base.train["layers"]
+def cell_of(trial: Trial) -> str:
+    """What ``estimate`` measures once: the trial's cell (a study's costs differ most by it)."""
+    return str(trial.train["cell"])
+
+
+def estimate(todo: list[Trial], workers: int, cost: TrialCost,
+             cells: dict[str, TrialCost] | None = None) -> Estimate:
+    """Scale the measured costs to every trial of ``todo`` (module doc): each trial from
+    ``cells[cell_of(trial)]`` where given, else from ``cost`` (the first trial's, whose plots
+    every trial's final checkpoint pays)."""
+    cells = {cell_of(cost.trial): cost, **(cells or {})}
     times, train_total, ana_total, total_bytes = [], 0.0, 0.0, 0.0
     for t in todo:
+        own = cells.get(cell_of(t), cost)
+        base = own.trial
+        p0 = _params(base.train)
+        tokens0 = base.train["batch"] * base.train["seq"]
+        win0 = base.analysis["windows"] * base.analysis["length"]
+        units0 = base.train["hidden"] * base.train["layers"]
         p = _params(t.train)
         r_train = p / p0 * (t.train["batch"] * t.train["seq"]) / tokens0
         r_ana = p / p0 * (t.analysis["windows"] * t.analysis["length"]) / win0
         r_bytes = (t.train["hidden"] * t.train["layers"]) / units0 * (
             t.analysis["windows"] * t.analysis["length"]) / win0
         n = checkpoints_of(t.train)
-        train_s = (t.train["steps"] * cost.step_s * r_train
-                   + n * cost.eval_s * r_train * t.train["val_windows"] / base.train["val_windows"]
-                   + cost.setup_s)
-        ana_s = n * cost.analysis_s * r_ana + cost.plots_s  # plotting: about fixed
-        weights = (n + 1) * cost.checkpoint_bytes * p / p0 + cost.resume_bytes * p / p0
-        analyses = n * cost.analysis_bytes * r_bytes + cost.plots_bytes
+        train_s = (t.train["steps"] * own.step_s * r_train
+                   + n * own.eval_s * r_train * t.train["val_windows"] / base.train["val_windows"]
+                   + own.setup_s)
+        ana_s = n * own.analysis_s * r_ana + cost.plots_s  # plotting: about fixed
+        weights = (n + 1) * own.checkpoint_bytes * p / p0 + own.resume_bytes * p / p0
+        analyses = n * own.analysis_bytes * r_bytes + cost.plots_bytes
         times.append(train_s + ana_s)
         train_total += train_s
         ana_total += ana_s
         total_bytes += weights + analyses + 40 * t.train["steps"]  # history.csv rows
     return Estimate(makespan(times, workers), train_total, ana_total, total_bytes,
-                    total_bytes / max(1, len(todo)), cost)
+                    total_bytes / max(1, len(todo)), cost, len(cells))

@@ -40,7 +40,7 @@ from gatelens.errors import GatelensError
 from gatelens.io import SMALL_CAP, atomic_write_json, read_utf8
 from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
-from gatelens.studies.estimate import estimate, makespan, measure_trial, step_seconds
+from gatelens.studies.estimate import cell_of, estimate, makespan, measure_trial, step_seconds
 from gatelens.studies.spec import (
     StudySpec,
     Trial,
@@ -171,17 +171,20 @@ def _read_record(path: Path) -> dict | None:
 
 
 def _estimate(todo: list[Trial], workers: int, out: Path) -> str:
-    """One line: wall time (training and analyses) and disk, measured on the first trial
-    (``gatelens.studies.estimate``), and a warning when the disk has less free."""
-    try:
-        cost = measure_trial(todo[0])
-    except GatelensError as e:
-        return f"no estimate ({todo[0].id}: {e})"
+    """One line: wall time (training and analyses) and disk, measured on the first trial of
+    each cell (``gatelens.studies.estimate``), and a warning when the disk has less free."""
+    cells: dict = {}
+    for t in todo:  # the first trial of each cell (estimate's module doc)
+        if cell_of(t) not in cells:
+            try:
+                cells[cell_of(t)] = measure_trial(t, full=not cells)
+            except GatelensError as e:
+                return f"no estimate ({t.id}: {e})"
     try:
         free = shutil.disk_usage(out).free
     except OSError:
         free = None
-    return estimate(todo, workers, cost).line(workers, free)
+    return estimate(todo, workers, cells[cell_of(todo[0])], cells).line(workers, free)
 
 
 def _import_ray():
