@@ -535,3 +535,17 @@ def test_committed_spec_files_are_what_their_studies_ran():
         spec = load_spec(d / "spec.toml") if (d / "spec.toml").exists() else load_preset(d.name)
         assert spec.doc == study["spec"], d.name
         assert [t.id for t in spec.trials] == [t["id"] for t in study["trials"]], d.name
+
+
+def test_every_cell_with_a_keep_gate_is_named_in_the_study_pages():
+    """study.md's sentence on the keep gate names what it is for each cell of the study
+    (an RNN has none); a cell added to training without its words fails here."""
+    from gatelens.report.study import KEEP_WORDS, keep_words
+    from gatelens.training.config import CELL_NAMES
+
+    assert set(KEEP_WORDS) == set(CELL_NAMES) - {"rnn"}
+    study = json.loads((STUDIES / "modern" / "study.json").read_text())
+    assert keep_words(study).endswith(": LSTM f, GRU z, minGRU 1 − z, minLSTM f* = f/(f + i), "
+                                      "sLSTM κ.")
+    only_rnn = {"spec": {"train": {"cell": "rnn"}}, "conditions": [{"condition": {}}]}
+    assert keep_words(only_rnn) == "No cell here has a keep gate."

@@ -227,6 +227,34 @@ def study_plots(study: dict) -> dict[str, bytes]:
     return {name: _png(f) for name, f in figs.items() if f is not None}
 
 
+#: Each cell's keep gate, the one that scales the carried state (METHODS.md; an RNN has none).
+KEEP_WORDS = {
+    "lstm": "LSTM f", "gru": "GRU z", "mingru": "minGRU 1 − z",
+    "minlstm": "minLSTM f* = f/(f + i)", "slstm": "sLSTM κ",
+    "xlstm-slstm": "xlstm's sLSTM κ = f n/n'", "xlstm-mlstm": "xlstm's mLSTM the head's raw f",
+    "mingru-lm": "mingru-pytorch's minGRU 1 − z", "hf-mamba": "Mamba exp(Δ·A)",
+    "hf-mamba2": "Mamba-2 exp(Δ·A) a head", "mambapy": "Mamba exp(Δ·A)",
+    "hf-rwkv": "RWKV-4 e^(−w)",
+}
+
+
+def keep_words(study: dict) -> str:
+    """The sentence that says what "keep gate" is for the cells of this study.
+
+    >>> keep_words({"spec": {"train": {}}, "conditions": [
+    ...     {"condition": {"cell": "rnn"}}, {"condition": {"cell": "hf-mamba"}}]})
+    'The keep gate is the one that scales the carried state: Mamba exp(Δ·A).'
+    >>> keep_words({"spec": {}, "conditions": [{"condition": {"seed": 0}}]})
+    'The keep gate is the one that scales the carried state: LSTM f.'
+    """
+    default = study.get("spec", {}).get("train", {}).get("cell", "lstm")
+    cells = dict.fromkeys(c["condition"].get("cell", default) for c in study["conditions"])
+    words = [KEEP_WORDS[c] for c in cells if c in KEEP_WORDS]
+    if not words:
+        return "No cell here has a keep gate."
+    return "The keep gate is the one that scales the carried state: " + ", ".join(words) + "."
+
+
 def render_markdown(study: dict, plots: list[str]) -> str:
     """study.md: what ran, the failures, a table per condition, every trial, the plots."""
     n = len(study["trials"])
@@ -234,9 +262,8 @@ def render_markdown(study: dict, plots: list[str]) -> str:
     lines = ["# Study", "", f"{n} trials, {n - len(bad)} done, {len(bad)} failed; "
              f"{len(study['conditions'])} conditions. Figures at each trial's final checkpoint "
              "(validation loss: its best); mean ± sample sd (n finite values) over seeds; an "
-             "infinite half-life is left out and counted under 'infinite'. The keep gate is "
-             "the one that scales the carried state: LSTM f, GRU z, minGRU 1 − z, minLSTM "
-             "f* = f/(f + i), sLSTM κ.", ""]
+             "infinite half-life is left out and counted under 'infinite'. "
+             + keep_words(study), ""]
     if bad:
         lines += ["## Failed trials", ""] + [f"- `{t['id']}`: {t['error']}" for t in bad] + [""]
     lines += ["## Side by side", "", *side_by_side_table(study).markdown(), "",
@@ -265,9 +292,8 @@ def render_html(study: dict, plots: dict[str, bytes]) -> str:
              "<title>gatelens study</title>", f"<style>{CSS}</style></head><body>",
              "<h1>Study</h1>", f"<p>{n} trials, {n - len(bad)} done, {len(bad)} failed. "
              "Figures at each trial's final checkpoint (validation loss: its best); mean ± "
-             "sample sd (n finite values) over seeds; infinite half-lives counted apart. The "
-             "keep gate is the one that scales the carried state: LSTM f, GRU z, minGRU "
-             "1 − z, minLSTM f* = f/(f + i), sLSTM κ.</p>"]
+             "sample sd (n finite values) over seeds; infinite half-lives counted apart. "
+             f"{escape(keep_words(study))}</p>"]
     if bad:
         parts.append("<h2>Failed trials</h2><ul>" + "".join(
             f"<li><code>{escape(t['id'])}</code>: {escape(str(t['error']))}</li>" for t in bad)
