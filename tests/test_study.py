@@ -496,7 +496,8 @@ STUDIES = Path(__file__).resolve().parents[1] / "studies"
 
 
 @pytest.mark.parametrize("name", ["cells", "dynamics", "dynamics-gru", "forget-bias",
-                                  "long-memory", "modern", "barely-moved"])
+                                  "long-memory", "modern", "barely-moved",
+                                  "modern-official"])
 def test_committed_studies_render_as_committed(name):
     """studies/NAME: study.md and the plots' names are what today's renderer makes of the
     committed study.json, so the README's tables and the files cannot drift apart. (The
