@@ -207,7 +207,8 @@ def plot_unit_half_lives(study: dict) -> Figure | None:
         n = len(lives)
         xs = [max(v, 1e-2) for v in lives if math.isfinite(v)]
         ys = [1 - j / n for j in range(len(xs))]  # fraction with half-life ≥ x
-        ax.step(xs, ys, where="post", color=_style(k)[0], ls=_style(k)[1],
+        color, line, _ = _style(k)
+        ax.step(xs, ys, where="post", color=color, ls=line,
                 label=f"{cond['label']} ({n} units)")
     ax.axvline(10, color="0.5", lw=0.8, ls="--")
     ax.set_xscale("log")
