@@ -247,8 +247,13 @@ def keep_words(study: dict) -> str:
     'The keep gate is the one that scales the carried state: Mamba exp(Δ·A).'
     >>> keep_words({"spec": {}, "conditions": [{"condition": {"seed": 0}}]})
     'The keep gate is the one that scales the carried state: LSTM f.'
+    >>> keep_words({"spec": {"grid": {"cell": "gru"}}, "conditions": [{"condition": {}}]})
+    'The keep gate is the one that scales the carried state: GRU z.'
     """
-    default = study.get("spec", {}).get("train", {}).get("cell", "lstm")
+    spec = study.get("spec", {})
+    grid_cell = spec.get("grid", {}).get("cell")  # a [grid] value that is not a list: fixed
+    default = grid_cell if isinstance(grid_cell, str) else spec.get("train", {}).get("cell",
+                                                                                  "lstm")
     cells = dict.fromkeys(c["condition"].get("cell", default) for c in study["conditions"])
     words = [KEEP_WORDS[c] for c in cells if c in KEEP_WORDS]
     if not words:
