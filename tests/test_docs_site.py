@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,6 +87,21 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     done = _build(root, tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-page.md" in done.stdout + done.stderr
+
+
+def test_python_blocks_of_the_docs_are_readme_examples() -> None:
+    """Each ```python block of docs/*.md is one of the README's, which test_readme runs."""
+    readme = _python_blocks((ROOT / "README.md").read_text("utf-8"))
+    found = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for block in _python_blocks(page.read_text("utf-8")):
+            assert block in readme, f"{page.name}: a Python block no test runs:\n{block}"
+            found += 1
+    assert found >= 2
+
+
+def _python_blocks(text: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)]
 
 
 def test_fence_doctests() -> None:
