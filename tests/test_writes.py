@@ -167,7 +167,7 @@ def test_a_failed_write_is_one_line_naming_the_path(capsys, tiny_text, tmp_path,
 def test_a_raw_oserror_anywhere_is_one_line(capsys, tmp_path, monkeypatch):
     import gatelens.report.html as html
 
-    def boom(out):
+    def boom(out, notes=None):
         raise OSError(errno.EROFS, "Read-only file system", str(Path(out) / "report.html"))
     monkeypatch.setattr(html, "rebuild_html", boom)
     (tmp_path / "a").mkdir()

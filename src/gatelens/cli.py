@@ -189,10 +189,14 @@ def _cmd_report(args) -> int:
     out = run / "analysis" if (run / "analysis" / "report.json").exists() else run
     if not run.exists():
         raise GatelensError(f"{run}: no such directory")
+    notes: list[str] = []
     try:
-        print(rebuild_html(out))
-    except FileNotFoundError as e:
+        path = rebuild_html(out, notes)
+    except (FileNotFoundError, ValueError) as e:
         raise GatelensError(str(e)) from None
+    for line in notes:
+        print(f"gatelens: note: {line}", file=sys.stderr)
+    print(path)
     return 0
 
 

@@ -204,6 +204,32 @@ def check_out_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     return p
 
 
+def path_inside(root: str | os.PathLike, rel: object, where: str) -> Path:
+    """``root / rel`` resolved, when ``rel`` is a relative path (a string) that stays inside
+    ``root`` with symbolic links followed; else a GatelensError naming ``where`` (the file
+    and key that held ``rel``). A path read from a file is never followed out of the
+    directory it belongs to.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> path_inside(d, "a/b.json", "x.json: report").name
+    'b.json'
+    >>> path_inside(d, "../../etc/hostname", "x.json: report")
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: x.json: report '../../etc/hostname' is not a path inside ...
+    """
+    base = Path(root).resolve()
+    try:
+        path = None if not isinstance(rel, str) or Path(rel).is_absolute() else (
+            base / rel).resolve()
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symbolic link loop
+        path = None
+    if path is None or not path.is_relative_to(base):
+        raise GatelensError(f"{where} {rel!r} is not a path inside {root}")
+    return path
+
+
 def _size(n: int) -> str:
     """Bytes in words.
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gatelens.io import atomic_write_json, atomic_write_text
-from gatelens.report.html_data import encode_plot, page_data
+from gatelens.report.html_data import encode_plot, page_data, plots_inside
 from gatelens.report.html_tables import report_tables
 
 if TYPE_CHECKING:
@@ -128,11 +128,24 @@ def write_html(analysis: Analysis, max_windows: int | None = None) -> Path:
     return path
 
 
-def rebuild_html(out_dir: str | Path) -> Path:
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; a ValueError naming it when it is anything else."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def rebuild_html(out_dir: str | Path, notes: list[str] | None = None) -> Path:
     """Rebuild OUT/report.html from OUT/page_data.json, OUT/report.json and the plots.
 
     Raises FileNotFoundError naming the missing file when the directory is not an
-    analysis written by ``write_html``.
+    analysis written by ``write_html``, ValueError naming the file when one is not the
+    JSON object it should be. Only PNG plots inside OUT are embedded (``plots_inside``);
+    a line for each plot left out is appended to ``notes``.
 
     >>> import tempfile, torch
     >>> from gatelens.analysis.measure import encoder_runner, measure
@@ -148,10 +161,14 @@ def rebuild_html(out_dir: str | Path) -> Path:
     for name in ("page_data.json", "report.json"):
         if not (out / name).is_file():
             raise FileNotFoundError(f"{out / name} is missing; run `gatelens analyze` first")
-    data = json.loads((out / "page_data.json").read_text(encoding="utf-8"))
-    data["report"] = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    files = [out / p for p in data.get("plot_files", [])] or sorted((out / "plots").glob("*.png"))
-    data["plots"] = [encode_plot(p) for p in files if p.is_file()]
+    data, report = (_json_object(out / name) for name in ("page_data.json", "report.json"))
+    data["report"] = report
+    names = data.get("plot_files") or [p.relative_to(out).as_posix()
+                                       for p in sorted((out / "plots").glob("*.png"))]
+    files, left_out = plots_inside(out, names)
+    if notes is not None:
+        notes.extend(left_out)
+    data["plots"] = [encode_plot(p) for p in files]
     path = out / "report.html"
     atomic_write_text(path, render_html(data))
     return path

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 BYTE_BUDGET = 2_800_000
 #: Most windows the character view ever draws.
 MAX_WINDOWS = 16
+#: The largest plot file a page embeds (the plots gatelens draws are ~100 kB).
+MAX_PLOT_BYTES = 16 * 2**20
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _sig(v: float, digits: int = 6) -> float | None:
@@ -178,8 +181,52 @@ def encode_plot(path: str | Path) -> dict[str, str]:
     'data:image/png;base64,iVBORw=='
     """
     path = Path(path)
-    b64 = base64.b64encode(path.read_bytes()).decode("ascii")
+    with path.open("rb") as f:
+        raw = f.read(MAX_PLOT_BYTES + 1)
+    if len(raw) > MAX_PLOT_BYTES:
+        raise ValueError(f"{path}: over {MAX_PLOT_BYTES // 2**20} MiB, not a plot gatelens drew")
+    b64 = base64.b64encode(raw).decode("ascii")
     return {"name": path.name, "uri": f"data:image/png;base64,{b64}"}
+
+
+def plots_inside(out: str | Path, names: Any) -> tuple[list[Path], list[str]]:
+    """The plots of page_data.json's ``plot_files`` (paths relative to the analysis
+    directory ``out``) that a page may embed, and one note per name refused: only PNG
+    files (by suffix and signature) of at most ``MAX_PLOT_BYTES`` inside ``out`` (symbolic
+    links resolved), never an absolute or ``..`` path. A ``names`` that is not a list of
+    strings is a ValueError naming page_data.json.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.png").write_bytes(PNG_SIGNATURE)
+    >>> files, notes = plots_inside(d, ["a.png", "/etc/hostname", "../x.png"])
+    >>> [f.name for f in files], len(notes), notes[1].endswith("outside the analysis directory")
+    (['a.png'], 2, True)
+    """
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{Path(out) / 'page_data.json'}: plot_files must be a list of "
+                         f"paths (strings), got {type(names).__name__}")
+    root, files, notes = Path(out).resolve(), [], []
+    for name in names:
+        try:
+            path = (root / name).resolve()
+        except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, a symlink loop
+            notes.append(f"plot {name!r} left out of the page: {e}")
+            continue
+        why = ("an absolute path" if Path(name).is_absolute() else
+               "outside the analysis directory" if not path.is_relative_to(root) else
+               "not a .png file" if path.suffix.lower() != ".png" else
+               "missing" if not path.is_file() else
+               f"over {MAX_PLOT_BYTES // 2**20} MiB" if path.stat().st_size > MAX_PLOT_BYTES
+               else None)
+        if why is None:
+            with path.open("rb") as f:
+                why = None if f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE else "not a PNG"
+        if why is None:
+            files.append(path)
+        else:
+            notes.append(f"plot {name!r} left out of the page: {why}")
+    return files, notes
 
 
 def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """The index page of a Lens analysis: one row per recurrent module, linking to its page.
 
->>> dirname(""), dirname("encoder.rnn")
-('model', 'encoder.rnn')
+>>> dirname(""), dirname("encoder.rnn"), dirname("/abs/path/x")
+('model', 'encoder.rnn', '_abs_path_x-cce31c56')
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from html import escape
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +15,26 @@ if TYPE_CHECKING:
     from gatelens.lens.lens import LensResult
 
 
+#: Characters a module's directory name keeps; any other becomes "_".
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: The longest directory name kept whole (a file system allows 255 bytes).
+MAX_NAME = 100
+
+
 def dirname(path: str) -> str:
-    """The directory of a module's analysis: its path, or "model" for the model itself."""
-    return path or "model"
+    """The directory of a module's analysis, one plain name inside OUT: its path, or
+    "model" for the model itself. A path with a character outside [A-Za-z0-9_.-] (a
+    module registered as "/abs/x" or "a/../b"), a leading dot or over ``MAX_NAME``
+    characters is made one: "_" for each such character, no leading dot, cut to
+    ``MAX_NAME``, and 8 hex digits of its SHA-1 so two such paths never share a directory.
+    """
+    if not path:
+        return "model"
+    safe = _UNSAFE.sub("_", path)
+    if safe == path and not path.startswith(".") and len(path) <= MAX_NAME:
+        return path
+    digest = hashlib.sha1(path.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe.lstrip('.')[:MAX_NAME]}-{digest}"
 
 
 def _fmt(x: Any) -> str:

@@ -22,9 +22,10 @@ import statistics
 from pathlib import Path
 
 from gatelens.analysis.units import half_life
-from gatelens.io import atomic_write_many
+from gatelens.io import SMALL_CAP, atomic_write_many, path_inside, read_utf8
 from gatelens.report.study import FIGURES, render_html, render_markdown, study_plots
 from gatelens.studies.spec import StudySpec, condition_label
+from gatelens.studies.trial import TRIALS
 
 
 def _life(x: float | None) -> float:
@@ -78,8 +79,10 @@ def trial_figures(record: dict, out: Path) -> dict:
     """A done trial's study.json entry: each checkpoint with its figures, and the trial's
     figures (the final checkpoint's, with best_val_loss)."""
     cks, vocab, per_unit, control = [], None, None, None
-    for ck in record["checkpoints"]:
-        report = json.loads((out / ck["report"]).read_text(encoding="utf-8"))
+    for k, ck in enumerate(record["checkpoints"]):
+        where = f"{out / TRIALS / str(record['id']) / 'trial.json'}: checkpoints[{k}].report"
+        path = path_inside(out, ck.get("report"), where)  # never out of the study
+        report = json.loads(read_utf8(path, "a report.json", SMALL_CAP))
         vocab = (report.get("model") or {}).get("vocab_size", vocab)
         per_unit = (report.get("units") or {}).get("per_unit")  # the last one stays
         control = report.get("control_losses")

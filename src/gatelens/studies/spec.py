@@ -274,6 +274,18 @@ def check_corpora(trials: list[Trial]) -> None:
                 raise GatelensError(f"corpus {e}") from None
 
 
+def corpora_outside(spec: StudySpec, trials: list[Trial]) -> list[str]:
+    """The corpus files of ``trials`` outside the directory of ``spec``'s SPEC.toml (none
+    for a preset): allowed, and said on the study's start-up line, since every report
+    publishes windows of its corpus."""
+    home = Path(spec.where)
+    if not home.is_file():
+        return []
+    home = home.resolve().parent
+    files = (Path(t.train["corpus"]) for t in trials if Path(t.train["corpus"]).is_file())
+    return [str(f) for f in dict.fromkeys(files) if not f.resolve().is_relative_to(home)]
+
+
 def preset_text(name: str) -> str:
     """A built-in preset's TOML (src/gatelens/studies/presets/NAME.toml).
 

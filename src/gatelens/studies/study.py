@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gatelens.errors import GatelensError
-from gatelens.io import SMALL_CAP, atomic_write_json, read_utf8
+from gatelens.io import SMALL_CAP, atomic_write_json, path_inside, read_utf8
 from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
 from gatelens.studies.estimate import cell_of, estimate, makespan, measure_trial, step_seconds
@@ -45,6 +45,7 @@ from gatelens.studies.spec import (
     StudySpec,
     Trial,
     check_corpora,
+    corpora_outside,
     load_preset,
     load_spec,
     normal_settings,
@@ -131,9 +132,19 @@ def copy_trial(src: Path, trial: Trial, out: Path) -> dict:
     """Copy a finished trial of another study (same settings) into ``out`` as ``trial``:
     its run and analyses as they are, its trial.json with this study's id, condition and
     paths, ``how`` "copied" and ``copied_from`` the source directory. Atomic: a copy
-    interrupted half-way leaves no trial directory."""
+    interrupted half-way leaves no trial directory. Nothing outside ``src`` is read: a
+    report path of its trial.json leading out is a GatelensError, a symbolic link is not
+    copied."""
     rec = _read_record(src / "trial.json") or {}
     old = f"{TRIALS}/{src.name}/"
+    if not isinstance(rec.get("checkpoints"), list):
+        raise GatelensError(f"--reuse {src / 'trial.json'}: checkpoints is not a list")
+    for k, c in enumerate(rec["checkpoints"]):  # never followed out of the trial
+        rel, where = (c.get("report") if isinstance(c, dict) else None,
+                      f"--reuse {src / 'trial.json'}: checkpoints[{k}].report")
+        if not (isinstance(rel, str) and rel.startswith(old)):
+            raise GatelensError(f"{where} {rel!r} is not a path inside {src}")
+        path_inside(src, rel.removeprefix(old), where)
     dest = out / TRIALS / trial.id
     tmp = out / TRIALS / f".{trial.id}.copying"
     if tmp.exists():
@@ -142,7 +153,7 @@ def copy_trial(src: Path, trial: Trial, out: Path) -> dict:
     for part in ("run", "analysis"):
         if (src / part).exists():  # not the other study's locks or temporary files
             shutil.copytree(src / part, tmp / part, ignore=lambda d, names: [
-                n for n in names if is_lock_or_leftover(n)])
+                n for n in names if is_lock_or_leftover(n) or os.path.islink(Path(d, n))])
     new = {**new_record(trial), **{k: rec.get(k) for k in ("status", "error", "seconds",
                                                            "timings")},
            "how": "copied", "copied_from": str(src.resolve()),
@@ -308,9 +319,14 @@ def _run_study(spec: StudySpec, out: Path, workers: int | None, address: str | N
         check_corpora(todo)  # before Ray and before any work
         _import_ray()  # a missing Ray is a one-line error
         workers_n = workers or (os.cpu_count() or 1)
+        outside = corpora_outside(spec, todo)
+        note = (f"; corpus {', '.join(outside)} is outside {Path(spec.where).parent}/ (its "
+                "windows are published in every report)") if outside else ""
         if progress:
             _say(progress, f"{len(spec.trials)} trials ({_reused_words(reused)}; "
-                           f"{len(todo)} to run); " + _estimate(todo, workers_n, out))
+                           f"{len(todo)} to run); " + _estimate(todo, workers_n, out) + note)
+        elif note:
+            print(f"gatelens study: note: {note[2:]}", file=sys.stderr)
         (out / TRIALS).mkdir(parents=True, exist_ok=True)
         records += run_ray(todo, out, workers=workers, address=address, progress=progress)
     else:
