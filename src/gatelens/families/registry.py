@@ -78,7 +78,6 @@ def register(entry: str) -> None:
     _load(entry)
     if entry not in _added:
         _added.append(entry)
-        _classes.cache_clear()
 
 
 def _load(entry: str) -> type:
@@ -90,10 +89,15 @@ def _load(entry: str) -> type:
             from None
 
 
-def _entries() -> list[str]:
+@cache
+def _entry_points() -> tuple[str, ...]:
+    """The installed packages' families (read once a process: it scans every package)."""
+    return tuple(ep.value for ep in metadata.entry_points(group=ENTRY_POINTS))
+
+
+def _entries() -> tuple[str, ...]:
     env = [e.strip() for e in os.environ.get(ENV, "").split(",") if e.strip()]
-    eps = [ep.value for ep in metadata.entry_points(group=ENTRY_POINTS)]
-    return list(dict.fromkeys([*BUILTIN, *_added, *env, *eps]))
+    return tuple(dict.fromkeys([*BUILTIN, *_added, *env, *_entry_points()]))
 
 
 @cache
@@ -103,7 +107,7 @@ def _classes(entries: tuple[str, ...]) -> tuple[type, ...]:
 
 def family_classes() -> list[type]:
     """The family classes, loaded, in the order they are tried."""
-    return list(_classes(tuple(_entries())))
+    return list(_classes(_entries()))
 
 
 def family_of(module: object):
@@ -138,8 +142,13 @@ def supported() -> str:
 # ---- cells: the trace names ------------------------------------------------------------
 def cell_specs() -> dict[str, CellSpec]:
     """Every cell's spec by its trace name, from the families' ``specs``."""
+    return dict(_specs(_entries()))
+
+
+@cache
+def _specs(entries: tuple[str, ...]) -> dict[str, CellSpec]:
     out: dict[str, CellSpec] = {}
-    for cls in family_classes():
+    for cls in _classes(entries):
         for spec in cls.specs:
             out.setdefault(spec.name, spec)
     return out
@@ -182,8 +191,13 @@ def gate_names(cell: str, num_layers: int, bidirectional: bool = False,
 # ---- recipes: what `gatelens train --cell` builds ---------------------------------------
 def recipes() -> dict[str, Recipe]:
     """Every trainable family's recipe by its name, in the order ``--cell`` lists them."""
+    return dict(_recipes(_entries()))
+
+
+@cache
+def _recipes(entries: tuple[str, ...]) -> dict[str, Recipe]:
     out: dict[str, Recipe] = {}
-    for cls in family_classes():
+    for cls in _classes(entries):
         r = getattr(cls, "recipe", None)
         if r is not None:
             out.setdefault(r.name, r)
