@@ -139,19 +139,24 @@ def supported() -> str:
     return ", ".join(cls.opens_what for cls in family_classes())
 
 
+@cache
+def _tables(entries: tuple[str, ...]) -> tuple[dict[str, CellSpec], dict[str, Recipe]]:
+    """The cells' specs by trace name and the recipes by ``--cell`` name of these families
+    (the first family declaring a name wins), built once per list of families."""
+    specs: dict[str, CellSpec] = {}
+    recipes: dict[str, Recipe] = {}
+    for cls in _classes(entries):
+        for spec in cls.specs:
+            specs.setdefault(spec.name, spec)
+        if cls.recipe is not None:
+            recipes.setdefault(cls.recipe.name, cls.recipe)
+    return specs, recipes
+
+
 # ---- cells: the trace names ------------------------------------------------------------
 def cell_specs() -> dict[str, CellSpec]:
     """Every cell's spec by its trace name, from the families' ``specs``."""
-    return dict(_specs(_entries()))
-
-
-@cache
-def _specs(entries: tuple[str, ...]) -> dict[str, CellSpec]:
-    out: dict[str, CellSpec] = {}
-    for cls in _classes(entries):
-        for spec in cls.specs:
-            out.setdefault(spec.name, spec)
-    return out
+    return dict(_tables(_entries())[0])
 
 
 def cell_spec(cell: str) -> CellSpec:
@@ -160,7 +165,7 @@ def cell_spec(cell: str) -> CellSpec:
     >>> cell_spec("rnn_relu").kind
     'rnn'
     """
-    specs = cell_specs()
+    specs = _tables(_entries())[0]
     try:
         return specs[cell]
     except KeyError:
@@ -191,26 +196,12 @@ def gate_names(cell: str, num_layers: int, bidirectional: bool = False,
 # ---- recipes: what `gatelens train --cell` builds ---------------------------------------
 def recipes() -> dict[str, Recipe]:
     """Every trainable family's recipe by its name, in the order ``--cell`` lists them."""
-    return dict(_recipes(_entries()))
-
-
-@cache
-def _recipes(entries: tuple[str, ...]) -> dict[str, Recipe]:
-    out: dict[str, Recipe] = {}
-    for cls in _classes(entries):
-        r = getattr(cls, "recipe", None)
-        if r is not None:
-            out.setdefault(r.name, r)
-    return out
+    return dict(_tables(_entries())[1])
 
 
 def builtin_recipes() -> dict[str, Recipe]:
     """The recipes of gatelens's own families (``BUILTIN``), not of registered ones."""
-    out: dict[str, Recipe] = {}
-    for cls in _classes(BUILTIN):
-        if cls.recipe is not None:
-            out.setdefault(cls.recipe.name, cls.recipe)
-    return out
+    return dict(_tables(BUILTIN)[1])
 
 
 def cell_names() -> tuple[str, ...]:

@@ -132,7 +132,7 @@ def _recipe(cell: str) -> Recipe:
     try:
         return recipe(cell)
     except GatelensError as e:
-        raise ValueError(str(e).replace("--cell must", "cell must")) from None
+        raise ValueError(str(e)) from None
 
 
 def _keep_recipe(model: CharLM | OfficialLM, what: str) -> Recipe:
