@@ -113,13 +113,13 @@ def train_and_analyze(rows: list[dict], workdir: Path, dev: str, steps: int = 50
     rows.append({"check": f"train {steps} steps on {dev}", "value": time.perf_counter() - t0,
                  "limit": None, "ok": math.isfinite(res.best_val_loss),
                  "note": f"best val loss {res.best_val_loss:.4f} (seconds in value)"})
-    model = load_run(workdir / "run")
-    lens = Lens(model)
-    ids, _ = model.gatelens_run.windows(8, 128)  # (8, 128)
-    chars = list(model.gatelens_run.vocab)
+    run = load_run(workdir / "run")
+    lens = Lens(run)
+    ids, _ = run.windows(8, 128)  # (8, 128)
+    chars = list(run.vocab)
     path = next(iter(lens.families))
     cpu = build_report(lens.measure(path, ids, chars))
-    lens_gpu = Lens(model.to(dev))
+    lens_gpu = Lens(run.model.to(dev), run=run)
     gpu = build_report(lens_gpu.measure(path, ids.to(dev), chars))
     a, b = numbers(cpu), numbers(gpu)
     skip = ("timing", "seconds", "wall")

@@ -72,11 +72,11 @@ def test_trained_run_reopens_and_is_analysed(runs, cell, tmp_path):
     weights = load_file(str(run / "model.safetensors"))
     assert OWN_NAME[cell] in weights
     assert all(k.split(".")[0] in ("rnn", "embed", "head") for k in weights)
-    model = load_run(run)
+    model = load_run(run).model
     assert sorted(model.state_dict()) == sorted(weights)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     ids = torch.randint(0, len(cfg["vocab"]), (2, 10))
-    again = load_run(run)  # a second build from config.json computes the same logits
+    again = load_run(run).model  # a second build from config.json computes the same logits
     with torch.no_grad():
         assert torch.equal(model(ids)[0], again(ids)[0])
         # the one-call-at-a-time path sampling takes: the same logits as the whole
@@ -113,9 +113,9 @@ def test_parameter_count_is_the_built_modules(cell):
 
 def test_xlstm_zero_recurrent_kernel_moves_in_training(runs):
     name = OWN_NAME["xlstm-slstm"]
-    step0 = load_run(runs["xlstm-slstm"], 0).state_dict()[name]
+    step0 = load_run(runs["xlstm-slstm"], 0).model.state_dict()[name]
     assert float(step0.abs().max()) == 0  # xlstm's own init: R = 0
-    assert float(load_run(runs["xlstm-slstm"], "final").state_dict()[name].abs().max()) > 0
+    assert float(load_run(runs["xlstm-slstm"], "final").model.state_dict()[name].abs().max()) > 0
 
 
 def test_resume_is_exact_and_sampling_reads_the_text(runs, tmp_path):

@@ -103,9 +103,12 @@ def test_weights_file_takes_the_same_path(runs, tmp_path) -> None:
     assert w["baseline"] is None
 
 
-def test_a_runs_model_is_an_nn_module_that_knows_its_run(runs) -> None:
-    model = gatelens.load_run(runs["mingru"], checkpoint="final")
-    info = model.gatelens_run
-    assert info.step == 6 and info.baseline().gatelens_run.step == 0
+def test_a_run_is_an_explicit_context_lens_takes(runs) -> None:
+    info = gatelens.load_run(runs["mingru"], checkpoint="final")
+    model = info.model
+    assert info.step == 6 and info.baseline().step == 0
     assert len(info.vocab) == model.vocab_size and info.seed == 3
-    assert gatelens.Lens(model).vocab == info.vocab
+    assert gatelens.Lens(info).vocab == info.vocab
+    # the context is an argument, never an attribute stuck on the module
+    assert not hasattr(model, "gatelens_run") and gatelens.Lens(model).run is None
+    assert gatelens.Lens(model, run=info).vocab == info.vocab

@@ -190,7 +190,7 @@ def test_train_on_recall_end_to_end(capsys, tmp_path, monkeypatch, one_thread):
     assert corpus["name"] == spec and corpus["sha256"] == sha(synthetic_text(spec))
     assert corpus["synthetic"] == describe_corpus(spec)
     assert corpus["synthetic"]["best_loss"] < corpus["synthetic"]["memoryless_loss"]
-    ids, source = load_model("run").gatelens_run.windows(2, 32)  # the sha256 check passes
+    ids, source = load_model("run").windows(2, 32)  # the sha256 check passes
     assert ids.shape == (2, 32) and source == f"{spec} validation split (2 windows evenly spaced)"
     assert main(["train", "--corpus", "brackets:depth=0", "--out", "bad"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

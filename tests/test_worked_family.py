@@ -194,7 +194,7 @@ def test_the_registry_lists_it_and_train_takes_it(leaky, tmp_path):
                  *SMALL, "--out", str(out)]) == 0
     cfg = read_config(out)
     assert cfg["model"]["cell"] == "leaky" and cfg["status"] == "done"
-    step0 = load_run(out, 0)
+    step0 = load_run(out, 0).model
     assert torch.allclose(step0.rnn.bias_f, torch.full((8,), 1.5))  # its keep_init ran
     # analyze: the report of the trained run, verified against the module's own forward
     a = analyze(out, windows=2, length=20, perturb_pos=5, out=tmp_path / "a",

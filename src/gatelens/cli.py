@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gatelens.analysis.settings import DEFAULTS
+from gatelens.analysis.settings import DEFAULTS, AnalysisSettings
 from gatelens.errors import (
     CheckFailed,
     GatelensError,
@@ -152,11 +152,10 @@ def _cmd_verify(args) -> int:
     from gatelens.lens.run import load_run
     from gatelens.readout.verify import verify
 
-    model = load_run(args.run, args.checkpoint)
-    info = model.gatelens_run
-    ids, source = info.windows(args.windows, args.length, args.text)  # (B, T)
-    res = verify(model.rnn, model.encode(ids), tol=args.tol)
-    print(f"{args.run} (step {info.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
+    run = load_run(args.run, args.checkpoint)
+    ids, source = run.windows(args.windows, args.length, args.text)  # (B, T)
+    res = verify(run.model.rnn, run.model.encode(ids), tol=args.tol)
+    print(f"{args.run} (step {run.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
           f"of {source}:")
     kind = "one-step" if res.one_step_max_abs_diff_h is not None else "free-running"
     for d, free in zip(res.layers, res.free_running_layers, strict=True):
@@ -246,21 +245,20 @@ def _cmd_analyze(args) -> int:
         check_out_dir(args.out)
     elif Path(args.run).is_dir():
         check_out_dir(Path(args.run) / "analysis")
+    settings = AnalysisSettings.build(
+        windows=args.windows, length=args.length, perturb_pos=args.perturb_pos,
+        exponents=args.exponents, fixed_points=args.fixed_points)
     if args.run is not None:
-        a = analyze(args.run, checkpoint=args.checkpoint, text=args.text, windows=args.windows,
-                    length=args.length, perturb_pos=args.perturb_pos, out=args.out,
-                    progress=not args.quiet, exponents=args.exponents,
-                    fixed_points=args.fixed_points)
+        a = analyze(args.run, settings, checkpoint=args.checkpoint, text=args.text,
+                    out=args.out, progress=not args.quiet)
     else:
         from gatelens.lens.foreign import foreign_from_args
 
         if args.text is None or args.out is None:
             raise GatelensError(f"{args.weights}: a model gatelens did not train needs --text "
                                 "FILE (the text to read) and --out DIR")
-        a = analyze_foreign(foreign_from_args(args), text=args.text, windows=args.windows,
-                            length=args.length, perturb_pos=args.perturb_pos, out=args.out,
-                            progress=not args.quiet, exponents=args.exponents,
-                            fixed_points=args.fixed_points)
+        a = analyze_foreign(foreign_from_args(args), settings, text=args.text, out=args.out,
+                            progress=not args.quiet)
     print(a.out / "report.json")
     print(a.out / "report.md")
     v = a.verification

@@ -44,6 +44,11 @@ class Progress:
             if postfix:
                 self.bar.set_postfix(postfix, refresh=False)
 
+    def note(self, **postfix: str) -> None:
+        """Show ``postfix`` beside the bar now (the stage under way; terminal only)."""
+        if self.bar is not None:
+            self.bar.set_postfix(postfix)
+
     def milestone(self, note: str = "") -> None:
         """A line in a log (off a terminal): done/total, rate, ETA and ``note``."""
         if self.bar is not None:

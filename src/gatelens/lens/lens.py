@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +27,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from gatelens.analysis.settings import DEFAULTS
+from gatelens.analysis.settings import AnalysisSettings
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
-from gatelens.lens.run import run_of
+from gatelens.lens.run import Run
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
 
@@ -106,16 +106,24 @@ class LensResult:
 class Lens:
     """Every recurrent module of ``model``, ready to be measured on text or ids.
 
+    ``model``: any nn.Module, or a training run's context (``gatelens.load_run(RUN)``, a
+    ``Run``), which brings its model and its own vocabulary, step-0 baseline, keep gate's
+    starting value, seed and provenance (``run=`` gives the same context beside a model).
     ``vocab``: the characters in index order (needed for text input); an int V names
-    the ids ``<0>`` .. ``<V-1>``; None with ids input uses V = max(ids) + 1 (at least 2). A
-    run's model (``gatelens.load_run``) brings its own vocabulary, step-0 baseline, keep
-    gate's starting value and seed. ``encode`` maps ids (B, T) int64 to what ``model(...)``
-    takes (default: the ids). A model with no module gatelens opens raises GatelensError
-    naming its class. Modules nested inside an opened one are part of it, not opened again.
+    the ids ``<0>`` .. ``<V-1>``; None with ids input uses V = max(ids) + 1 (at least 2).
+    ``encode`` maps ids (B, T) int64 to what ``model(...)`` takes (default: the ids). A
+    model with no module gatelens opens raises GatelensError naming its class. Modules
+    nested inside an opened one are part of it, not opened again.
     """
 
-    def __init__(self, model: nn.Module, vocab: Sequence[str] | int | None = None,
-                 encode: Callable[[Tensor], Any] | None = None) -> None:
+    def __init__(self, model: nn.Module | Run, vocab: Sequence[str] | int | None = None,
+                 encode: Callable[[Tensor], Any] | None = None, *,
+                 run: Run | None = None) -> None:
+        if isinstance(model, Run):
+            model, run = model.model, model
+        if run is not None and not isinstance(run, Run):
+            raise GatelensError(f"Lens(run=...) takes gatelens.load_run(RUN); got "
+                                f"{type(run).__name__}")
         if not isinstance(model, nn.Module):
             raise GatelensError(f"Lens takes an nn.Module; got {type(model).__name__}")
         meta = next((n for n, p in model.named_parameters() if p.is_meta), None)
@@ -123,7 +131,7 @@ class Lens:
             raise GatelensError(f"{type(model).__name__}: parameter {meta!r} is on the meta "
                                 "device (no values); load the weights first")
         self.model = model
-        self.run = run_of(model)
+        self.run = run
         self.vocab = self.run.vocab if vocab is None and self.run is not None else vocab
         self.encode = encode
         self.families: dict[str, Family] = {}
@@ -272,51 +280,49 @@ class Lens:
         base = None if self.run is None else self.run.baseline()
         if base is None:
             return None
-        lens = Lens(base, self.vocab, self.encode)
+        lens = Lens(base.model, self.vocab, self.encode)
         fam = lens.families[path]
-        return base.gatelens_run.step, fam.module, lens._runner(base, fam, path)
+        return base.step, fam.module, lens._runner(base.model, fam, path)
 
-    def measure(self, path: str, ids: Tensor, chars: list[str], *,
-                perturb_pos: int = DEFAULTS.perturb_pos,
-                seed: int | None = None, text: dict | None = None, chunk: int | None = None,
-                progress: bool = False, timings: dict | None = None,
-                exponents: int | str = DEFAULTS.exponents,
-                fixed_points: bool = DEFAULTS.fixed_points,
-                memory_windows: int = DEFAULTS.memory_windows) -> Analysis:
+    def measure(self, path: str, ids: Tensor, chars: list[str],
+                settings: AnalysisSettings | None = None, *, text: dict | None = None,
+                model: dict | None = None, chunk: int | None = None, progress: bool = False,
+                timings: dict | None = None, **options: Any) -> Analysis:
         """Every measurement of the module at ``path`` on windows ``ids`` (B, T): the one
-        path ``Lens.analyze``, ``gatelens analyze RUN`` and ``--weights`` take."""
+        path ``Lens.analyze``, ``gatelens analyze RUN`` and ``--weights`` take.
+        ``settings`` (or its fields as keyword arguments) as ``measure`` takes them; the
+        seed defaults to the run's own seed for a run, else 0. ``model``: report.json's
+        model block (default: ``describe(path)``)."""
         from gatelens.analysis.measure import measure
 
-        if seed is None:
-            seed = 0 if self.run is None else self.run.seed
-        a = measure(self.modules[path], self.runner(path), ids, chars, perturb_pos=perturb_pos,
-                    seed=seed, init_value=0.5 if self.run is None else self.run.init_keep,
-                    baseline=self._baseline(path), model=self.describe(path),
-                    text=text or {"windows": int(ids.shape[0]), "length": int(ids.shape[1]),
-                                  "source": "ids"},
-                    chunk=chunk, progress=progress, timings=timings, exponents=exponents,
-                    fixed_points=fixed_points, memory_windows=memory_windows)
-        if self.run is not None:
-            a.history, a.best_step, a.control = (self.run.history(), self.run.best_step,
-                                                 self.run.control())
-        return a
+        s = AnalysisSettings.build(settings, **options)
+        s = replace(s, seed=s.seed_or(0 if self.run is None else self.run.seed))
+        return measure(self.modules[path], self.runner(path), ids, chars, s,
+                       init_value=0.5 if self.run is None else self.run.init_keep,
+                       baseline=self._baseline(path),
+                       model=self.describe(path) if model is None else model,
+                       text=text or {"windows": int(ids.shape[0]),
+                                     "length": int(ids.shape[1]), "source": "ids"},
+                       run=None if self.run is None else self.run.facts(),
+                       chunk=chunk, progress=progress, timings=timings)
 
-    def analyze(self, text_or_ids: str | os.PathLike | Tensor, *,
-                windows: int | str = DEFAULTS.windows, length: int = DEFAULTS.length,
-                perturb_pos: int = DEFAULTS.perturb_pos, out: str | os.PathLike | None = None,
-                seed: int | None = None, chunk: int | None = None, progress: bool = False,
-                exponents: int | str = DEFAULTS.exponents,
-                fixed_points: bool = DEFAULTS.fixed_points) -> LensResult:
+    def analyze(self, text_or_ids: str | os.PathLike | Tensor,
+                settings: AnalysisSettings | None = None, *,
+                out: str | os.PathLike | None = None, chunk: int | None = None,
+                progress: bool = False, **options: Any) -> LensResult:
         """Measure every recurrent module; with ``out``, write OUT/<path or "model">/report.*
-        and OUT/index.html (each analysis appears whole). ``seed`` draws the replacement
-        characters (default: the run's seed for a run's model, else 0)."""
+        and OUT/index.html (each analysis appears whole). ``settings`` (an
+        ``AnalysisSettings``, or its fields as keyword arguments: ``windows``, ``length``,
+        ``perturb_pos``, ``exponents``, ``fixed_points``, ``memory_windows``, ``seed``)
+        says what is measured; ``seed`` draws the replacement characters (default: the
+        run's seed for a run's model, else 0)."""
         from gatelens.report.write import write_analysis
 
-        ids, chars, source = self.windows(text_or_ids, windows, length)  # (B, T)
+        s = AnalysisSettings.build(settings, **options)
+        ids, chars, source = self.windows(text_or_ids, s.windows, s.length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
-        analyses = {path: self.measure(path, ids, chars, perturb_pos=perturb_pos, seed=seed,
-                                       text=text, chunk=chunk, progress=progress,
-                                       exponents=exponents, fixed_points=fixed_points)
+        analyses = {path: self.measure(path, ids, chars, s, text=text, chunk=chunk,
+                                       progress=progress)
                     for path in self.families}
         notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
         result = LensResult(analyses, None if out is None else Path(out), notes=notes)

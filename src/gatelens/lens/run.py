@@ -1,6 +1,8 @@
-"""A run directory as a model: ``gatelens.load_run(RUN)`` is the run's CharLM, which knows its
-vocabulary, its step-0 baseline and its keep gate's starting value, so ``Lens`` measures it
-exactly as ``gatelens analyze RUN`` does (that command is ``Lens`` on this model).
+"""A run directory opened for analysis: ``gatelens.load_run(RUN)`` is a ``Run``, the explicit
+context ``Lens`` takes: the run's model (a CharLM, ``run.model``) and what the run adds to
+it (its vocabulary, step-0 baseline, keep gate's starting value, seed and provenance), so
+``Lens(load_run(RUN))`` measures it exactly as ``gatelens analyze RUN`` does (that command
+is ``Lens`` on this context). Nothing is stored on the module.
 
 >>> import pathlib, tempfile
 >>> from gatelens.training.config import TrainConfig
@@ -9,9 +11,8 @@ exactly as ``gatelens analyze RUN`` does (that command is ``Lens`` on this model
 >>> _ = pathlib.Path(corpus).write_text("abc ab ba cab " * 200)
 >>> _ = train(TrainConfig(corpus=corpus, hidden=4, steps=2, seq=16, batch=2, eval_every=2,
 ...                       val_windows=2, forget_bias=2.0), f"{d}/run", progress=False)
->>> model = load_run(f"{d}/run")
->>> info = model.gatelens_run
->>> type(model).__name__, info.step, round(info.init_keep, 4), info.baseline().gatelens_run.step
+>>> run = load_run(f"{d}/run")
+>>> type(run.model).__name__, run.step, round(run.init_keep, 4), run.baseline().step
 ('CharLM', 2, 0.8808, 0)
 """
 
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
@@ -34,9 +34,10 @@ ALL = "all"  # --windows all: every whole window of the text
 
 
 @dataclass
-class RunInfo:
-    """What a run directory adds to its model; ``Lens`` reads it (``model.gatelens_run``)."""
+class Run:
+    """A run's model at one checkpoint and what the run adds to it; ``Lens(run)`` takes it."""
 
+    model: CharLM  # eval mode, CPU
     run: Path
     checkpoint: str
     step: int  # the training step of these weights
@@ -54,7 +55,7 @@ class RunInfo:
         """The keep gate's starting value ("units below init" is read against it)."""
         return initial_keep_value(self.config["train"].get("forget_bias"))
 
-    def baseline(self) -> CharLM | None:
+    def baseline(self) -> Run | None:
         """The run's untrained model (its step-0 checkpoint), or None without one."""
         if not self._baseline:
             self._baseline.append(load_run(self.run, 0) if 0 in checkpoint_steps(self.run)
@@ -77,6 +78,12 @@ class RunInfo:
     @property
     def best_step(self) -> int | None:
         return (self.config.get("best") or {}).get("step")
+
+    def facts(self) -> dict:
+        """What an ``Analysis`` of this run holds beside the measurements: the loss history,
+        the best step and a synthetic corpus's control losses."""
+        return {"history": self.history(), "best_step": self.best_step,
+                "control": self.control()}
 
     def control(self) -> dict | None:
         """A synthetic corpus's memoryless and best losses beside the run's best loss."""
@@ -121,19 +128,11 @@ class RunInfo:
 
 
 def load_run(run: str | Path, checkpoint: str | int = "best", *,
-             check_finite: bool = True) -> CharLM:
-    """A run's model (eval mode, CPU) at ``checkpoint`` (best, final or a step), which knows
-    its run: ``model.gatelens_run`` (a RunInfo). Weights are safetensors, checked against
-    config.json; NaN/Inf weights are refused naming the tensor unless ``check_finite=False``.
+             check_finite: bool = True) -> Run:
+    """A run at ``checkpoint`` (best, final or a step): its model (eval mode, CPU) and its
+    context (a ``Run``). Weights are safetensors, checked against config.json; NaN/Inf
+    weights are refused naming the tensor unless ``check_finite=False``.
     """
     loaded = load_files(run, checkpoint, check_finite=check_finite)
-    model = loaded.model
-    model.gatelens_run = RunInfo(loaded.run, str(checkpoint), loaded.step, loaded.config,
-                                 list(loaded.vocab.chars))
-    return model
-
-
-def run_of(model: nn.Module) -> RunInfo | None:
-    """The run a model was loaded from (``load_run``), or None."""
-    info = getattr(model, "gatelens_run", None)
-    return info if isinstance(info, RunInfo) else None
+    return Run(loaded.model, loaded.run, str(checkpoint), loaded.step, loaded.config,
+               list(loaded.vocab.chars))

@@ -1,0 +1,427 @@
+"""The measurements ``measure`` runs, as one protocol, in one list.
+
+A measurement is an accumulator: built once per analysis from a ``Setup`` (``build``
+returns None when it does not apply: not asked, or no keep gate), handed every ``Chunk`` of
+windows (``update``: the chunk's traces, PyTorch's own states and the dynamics are read
+once and shared), and asked once at the end for the ``Analysis`` fields it fills
+(``result``; its "text" entry, if any, joins report.json's text block). Each names the
+stage it is timed and shown under (``stage``) and the report.json sections it fills
+(``report``; the rendering is ``gatelens.report``'s).
+
+Adding a measurement is its file (the pure function, in ``gatelens.analysis``), one class
+here and one line in ``MEASUREMENTS``, and its rendering in ``gatelens.report``.
+
+>>> [m.__name__ for m in MEASUREMENTS][:3]
+['Divergence', 'Verification', 'Spectrum']
+>>> sorted({m.stage for m in MEASUREMENTS})
+['analyses', 'context', 'divergence', 'fixed_points', 'spectrum', 'verification']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import ClassVar, Protocol
+
+import numpy as np
+from torch import Tensor
+
+from gatelens.analysis import decompose
+from gatelens.analysis.context import ContextAccumulator
+from gatelens.analysis.divergence import (
+    DivergenceRate,
+    start_vectors,
+    summarize_rates,
+    window_rates,
+)
+from gatelens.analysis.fixed_points import dynamics_fixed_points, held_inputs
+from gatelens.analysis.perturbation import decay_from_rows, decay_rows
+from gatelens.analysis.reach import kl_per_position, reach_from_rows
+from gatelens.analysis.result import Baseline, Captured, Runner
+from gatelens.analysis.saturation import SaturationAccumulator
+from gatelens.analysis.settings import AnalysisSettings
+from gatelens.analysis.spectrum import SpectrumAccumulator
+from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
+from gatelens.families.base import Call, Dynamics, Family, Reference
+from gatelens.readout.trace_types import Trace
+from gatelens.readout.verify import VerifyResult, merge_results, verify_call
+
+BURN_IN = 16  # steps of burn-in before the divergence rate is summed
+
+
+@dataclass
+class Setup:
+    """What every measurement of one analysis is built from."""
+
+    fam: Family  # the module's family
+    runner: Runner  # ids -> what the module received (its logits: the context used)
+    windows: int  # B
+    length: int  # T
+    settings: AnalysisSettings
+    seed: int  # the settings' seed, or the run's
+    chars: list[str]  # the vocabulary in index order
+    init_value: float  # the keep gate's starting value
+    baseline: tuple[int, Family] | None  # (step, family) of the untrained model
+
+    @property
+    def memory_windows(self) -> int:
+        """Windows of the spectrum and the context used: the first ones, at most B."""
+        return min(self.windows, self.settings.memory_windows)
+
+    @property
+    def burn_in(self) -> int:
+        """docs/methods.md's burn-in of 16 steps; half the window when windows are shorter."""
+        return min(BURN_IN, self.length // 2)
+
+
+@dataclass
+class Chunk:
+    """One chunk of windows as every measurement reads it, computed once."""
+
+    setup: Setup
+    start: int  # index of its first window among the B
+    windows: Tensor  # (b, T) int64
+    captured: Captured  # what the module received on the windows
+    captured_perturbed: Captured  # ... and on the perturbed windows
+    call: Call
+    reference: Reference  # PyTorch's own states, once per chunk
+    trace: Trace  # the anchored read-out of the windows
+    trace_perturbed: Trace
+    base_trace: Trace | None  # the untrained model's, when there is one
+
+    @cached_property
+    def dynamics(self) -> list[Dynamics] | None:
+        """The float64 dynamics s_t = F(s_{t-1}, x_t) per layer; None for a packed input."""
+        if self.call.layout.get("packed") is not None:
+            return None
+        return self.setup.fam.dynamics(self.call, self.reference)
+
+    @property
+    def memory(self) -> int:
+        """How many of this chunk's windows are among the first ``memory_windows``."""
+        return max(0, min(len(self.windows), self.setup.memory_windows - self.start))
+
+    @cached_property
+    def reach_note(self) -> str | None:
+        """Why this chunk's outputs give no output-level reach (None: they are logits)."""
+        return reach_note(self.captured.logits, self.captured_perturbed.logits, self.windows,
+                          len(self.setup.chars))
+
+
+class Measurement(Protocol):
+    """One accumulator of ``MEASUREMENTS``."""
+
+    stage: ClassVar[str]  # the stage it is timed and shown under
+    report: ClassVar[tuple[str, ...]]  # the report.json sections it fills
+
+    def update(self, chunk: Chunk) -> None: ...
+
+    def result(self, found: dict) -> dict: ...
+
+
+class Divergence:
+    """The divergence rate: how fast nearby states part (docs/methods.md)."""
+
+    stage, report = "divergence", ("divergence",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.rates, self.starts = setup, {}, None
+
+    @classmethod
+    def build(cls, setup: Setup) -> Divergence:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        dyn = chunk.dynamics
+        if dyn is None:
+            return
+        if self.starts is None:
+            self.starts = start_vectors(dyn, self.setup.windows, self.setup.seed)
+        n = len(chunk.windows)
+        rates = window_rates(dyn, self.setup.burn_in,
+                             [s[chunk.start : chunk.start + n] for s in self.starts])
+        for name, r in rates.items():
+            self.rates.setdefault(name, []).append(r)
+
+    def result(self, found: dict) -> dict:
+        return {"divergence": None if not self.rates else summarize_rates(
+            {k: np.concatenate(v) for k, v in self.rates.items()}, self.setup.burn_in)}
+
+
+class Verification:
+    """The one-step and free-running checks against the module's own states."""
+
+    stage, report = "verification", ("verification",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.parts = setup, []
+
+    @classmethod
+    def build(cls, setup: Setup) -> Verification:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        self.parts.append(verify_call(self.setup.fam, chunk.call, chunk.reference,
+                                      trace=chunk.trace))
+
+    def result(self, found: dict) -> dict:
+        return {"verification": with_regime(merge_results(self.parts), found.get("divergence"))}
+
+
+class Spectrum:
+    """The Lyapunov spectrum on the first ``memory_windows`` windows."""
+
+    stage, report = "spectrum", ("lyapunov",)
+
+    def __init__(self, setup: Setup) -> None:
+        s = setup.settings
+        self.acc = SpectrumAccumulator(s.exponents, setup.seed, setup.burn_in,
+                                       hidden=setup.fam.hidden_size, windows=setup.memory_windows)
+
+    @classmethod
+    def build(cls, setup: Setup) -> Spectrum | None:
+        asked = setup.settings.exponents not in (0, None) and setup.memory_windows
+        return cls(setup) if asked else None
+
+    def update(self, chunk: Chunk) -> None:
+        if chunk.memory and chunk.dynamics is not None:
+            self.acc.update([head(d, chunk.memory) for d in chunk.dynamics])
+
+    def result(self, found: dict) -> dict:
+        return {"lyapunov": None if self.acc.starts is None else self.acc.result()}
+
+
+class FixedPointSearch:
+    """Fixed points under the first chunk's held inputs (asked with ``fixed_points``)."""
+
+    stage, report = "fixed_points", ("fixed_points",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.found = setup, None
+
+    @classmethod
+    def build(cls, setup: Setup) -> FixedPointSearch | None:
+        return cls(setup) if setup.settings.fixed_points else None
+
+    def update(self, chunk: Chunk) -> None:
+        if self.found is None and chunk.dynamics is not None:
+            d = chunk.dynamics[0]
+            self.found = dynamics_fixed_points(d, held_inputs(d, chunk.windows, self.setup.chars),
+                                               seed=self.setup.seed)
+
+    def result(self, found: dict) -> dict:
+        return {"fixed_points": self.found}
+
+
+class Context:
+    """The context used, by truncation, on the first ``memory_windows`` windows."""
+
+    stage, report = "context", ("context",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.acc = setup, None
+
+    @classmethod
+    def build(cls, setup: Setup) -> Context | None:
+        return cls(setup) if setup.memory_windows else None
+
+    def update(self, chunk: Chunk) -> None:
+        if chunk.memory and chunk.reach_note is None:
+            if self.acc is None:
+                runner = self.setup.runner
+                self.acc = ContextAccumulator(lambda i: runner(i).logits, self.setup.length)
+            self.acc.update(chunk.windows[: chunk.memory])
+
+    def result(self, found: dict) -> dict:
+        return {"context": None if self.acc is None else self.acc.result()}
+
+
+class Gates:
+    """Gate distributions, pooled over layers and every position."""
+
+    stage, report = "analyses", ("gates",)
+
+    def __init__(self, setup: Setup) -> None:
+        fam = setup.fam
+        self.acc = GateStats(fam.spec, setup.windows * setup.length * fam.num_layers
+                             * fam.hidden_size)
+
+    @classmethod
+    def build(cls, setup: Setup) -> Gates:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        self.acc.update(chunk.trace)
+
+    def result(self, found: dict) -> dict:
+        return {"gates": self.acc.result(), "text": {"percentiles": self.acc.method}}
+
+
+class Units:
+    """Per-unit keep-gate timescales (None: the module has no keep gate)."""
+
+    stage, report = "analyses", ("units",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.acc = setup, UnitStats(setup.fam.spec)
+
+    @classmethod
+    def build(cls, setup: Setup) -> Units:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        self.acc.update(chunk.trace)
+
+    def result(self, found: dict) -> dict:
+        return {"units": self.acc.result(self.setup.init_value)}
+
+
+class Classes:
+    """Gates by the class of the token read (space, newline, punctuation, ...)."""
+
+    stage, report = "analyses", ("char_classes",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.acc = ClassStats(setup.fam.spec, setup.chars)
+
+    @classmethod
+    def build(cls, setup: Setup) -> Classes:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        self.acc.update(chunk.trace, chunk.windows)
+
+    def result(self, found: dict) -> dict:
+        return {"char_classes": self.acc.result()}
+
+
+class Perturbation:
+    """The perturbation decay and its split into forget and return paths."""
+
+    stage, report = "analyses", ("perturbation", "decomposition")
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.rows, self.first = setup, [], None
+
+    @classmethod
+    def build(cls, setup: Setup) -> Perturbation:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        p = self.setup.settings.perturb_pos
+        dec = decompose(chunk.trace, chunk.trace_perturbed, p)
+        self.rows.append(decay_rows(chunk.trace, chunk.trace_perturbed, p, dec))
+        if not self.rows[1:]:
+            self.first = dec  # the page shows the first chunk's split
+
+    def result(self, found: dict) -> dict:
+        p, T = self.setup.settings.perturb_pos, self.setup.length
+        return {"perturbation": decay_from_rows(self.rows, p, T), "decomposition": self.first}
+
+
+class Reach:
+    """The output-level reach: KL of the next-token distribution by lag."""
+
+    stage, report = "analyses", ("output_reach", "output_reach_note")
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.curves, self.note = setup, [], None
+
+    @classmethod
+    def build(cls, setup: Setup) -> Reach:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        if chunk.reach_note is not None:
+            self.note = self.note or chunk.reach_note
+        elif self.note is None:
+            self.curves.append(kl_per_position(chunk.captured.logits,
+                                               chunk.captured_perturbed.logits)
+                               [:, self.setup.settings.perturb_pos:])
+
+    def result(self, found: dict) -> dict:
+        p, T = self.setup.settings.perturb_pos, self.setup.length
+        return {"reach": None if self.note else reach_from_rows(self.curves, p, T),
+                "reach_note": self.note}
+
+
+class Saturation:
+    """Gate saturation: how often each gate sits near its bounds."""
+
+    stage, report = "analyses", ("saturation",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.acc = SaturationAccumulator()
+
+    @classmethod
+    def build(cls, setup: Setup) -> Saturation:
+        return cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        self.acc.update(chunk.trace)
+
+    def result(self, found: dict) -> dict:
+        return {"saturation": self.acc.result()}
+
+
+class Untrained:
+    """The untrained model's (step 0) gates and timescales on the same windows."""
+
+    stage, report = "analyses", ("baseline", "shift_from_init")
+
+    def __init__(self, setup: Setup) -> None:
+        step, fam = setup.baseline
+        self.setup, self.step, self.first = setup, step, None
+        self.gates = GateStats(fam.spec, setup.windows * setup.length * setup.fam.num_layers
+                               * setup.fam.hidden_size)
+        self.units = UnitStats(fam.spec)
+
+    @classmethod
+    def build(cls, setup: Setup) -> Untrained | None:
+        return None if setup.baseline is None else cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        self.gates.update(chunk.base_trace)
+        self.units.update(chunk.base_trace)
+        if self.first is None:
+            self.first = chunk.base_trace  # the page's untrained trace: the first chunk's
+
+    def result(self, found: dict) -> dict:
+        return {"baseline": Baseline(self.step, self.first, self.gates.result(),
+                                     self.units.result(self.setup.init_value))}
+
+
+#: every measurement, in the order each chunk is handed to them
+MEASUREMENTS: tuple[type, ...] = (Divergence, Verification, Spectrum, FixedPointSearch, Context,
+                                  Gates, Units, Classes, Perturbation, Reach, Saturation,
+                                  Untrained)
+
+
+def with_regime(ver: VerifyResult, div: DivergenceRate | None) -> VerifyResult:
+    """The verdict told the divergence rate's regime, so its words say what report.json's
+    divergence says (a contracting model whose re-run parts by rounding is not chaotic)."""
+    if div is None:
+        return ver
+    return replace(ver, regime=div.regime if math.isfinite(div.lyapunov_per_char) else None)
+
+
+def head(d: Dynamics, n: int) -> Dynamics:
+    """A Dynamics of its first ``n`` windows (the step is the same for any batch)."""
+    if n >= d.inputs.shape[0]:
+        return d
+    return replace(d, inputs=d.inputs[:n], trajectory=[p[:n] for p in d.trajectory],
+                   initial=[p[:n] for p in d.initial])
+
+
+def reach_note(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor,
+               vocab: int) -> str | None:
+    """Why there is no output-level reach (None: the output is next-token logits (B, T, V))."""
+    B, T = ids.shape
+    if clean is None or perturbed is None:
+        return "the model gave no output to compare"
+    if not isinstance(clean, Tensor) or tuple(clean.shape) != (B, T, vocab):
+        shape = tuple(clean.shape) if isinstance(clean, Tensor) else type(clean).__name__
+        return (f"the model's output {shape} is not next-token logits ({B}, {T}, {vocab}), "
+                "so only the state measurements apply")
+    return None
