@@ -99,6 +99,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     setup = Setup(fam, runner, B, T, s, seed, list(chars), init_value,
                   None if base is None else base[:2])
     active = [m for m in (cls.build(setup) for cls in MEASUREMENTS) if m is not None]
+    for m in active:
+        clock.setdefault(m.stage, 0.0)
     step = chunk or chunk_windows(fam, T)
     kept: dict = {}
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
