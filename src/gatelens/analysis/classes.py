@@ -15,6 +15,7 @@ units at the positions of that class (docs/methods.md, "Gates by character class
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,31 @@ def default_class(ch: str) -> str:
 
 
 DEFAULT_CLASSES = ("space", "newline", "other")
+#: token classes (a model read in tokens or bytes): "space" holds the tokens whose text
+#: begins with whitespace (a word start), "newline" those holding a newline
+TOKEN_CLASSES = ("space", "newline", "punctuation", "other")
+
+
+def token_class(text: str) -> str:
+    """The class of a token by its text: newline (holds one), space (begins with
+    whitespace: a word start), punctuation (punctuation only) or other.
+
+    >>> [token_class(t) for t in [" the", "\\n\\n", ".", "ing", ",\\"", "<7>"]]
+    ['space', 'newline', 'punctuation', 'other', 'punctuation', 'other']
+    """
+    if "\n" in text:
+        return "newline"
+    if text[:1].isspace():
+        return "space"
+    if text and all(unicodedata.category(c).startswith("P") for c in text):
+        return "punctuation"
+    return "other"
+
+
+def classing(unit: str) -> tuple:
+    """(classify, classes) for a model's unit: characters keep the seed's three classes."""
+    return (default_class, DEFAULT_CLASSES) if unit == "characters" else (token_class,
+                                                                           TOKEN_CLASSES)
 
 
 @dataclass

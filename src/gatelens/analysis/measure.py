@@ -58,8 +58,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
             settings: AnalysisSettings | None = None, *, init_value: float = 0.5,
             baseline: tuple[int, nn.Module, Runner] | None = None,
             model: dict | None = None, text: dict | None = None, run: dict | None = None,
-            timings: dict | None = None, chunk: int | None = None, progress: bool = False,
-            **options: Any) -> Analysis:
+            unit: str = "characters", timings: dict | None = None, chunk: int | None = None,
+            progress: bool = False, **options: Any) -> Analysis:
     """Every measurement of one recurrent ``module`` on windows ``ids`` (B, T).
 
     ``settings`` (an ``AnalysisSettings``; its fields may also be given as keyword
@@ -67,7 +67,10 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     module saw when the model read ``ids`` (its input and state, and the model's logits);
     ``baseline`` is (step, module, runner) of the untrained model; ``model`` and ``text``
     are report.json's blocks of the same names; ``run`` what a training run adds (its
-    ``history``, ``best_step`` and ``control``). Windows go through in chunks of ``chunk``
+    ``history``, ``best_step`` and ``control``). ``unit`` is what the model reads
+    (characters, tokens or bytes): a model read in tokens or bytes has its replacement
+    drawn from the tokens that occur in the windows and its inputs classed as tokens
+    (docs/methods.md "Tokens and depth"). Windows go through in chunks of ``chunk``
     (default: what ``MEMORY_BUDGET`` allows), every figure accumulated; the traces kept for
     the page are the first chunk's. The Lyapunov spectrum and the context used are measured
     on the first ``memory_windows`` windows; the fixed points, when asked, under the first
@@ -89,7 +92,11 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     if len(chars) < 2:
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     seed = s.seed_or(0)
-    perturbed = perturb_windows(ids, s.perturb_pos, len(chars), seed)  # (B, T)
+    among = None if unit == "characters" else torch.unique(ids)  # tokens: those that occur
+    if among is not None and len(among) < 2:
+        raise GatelensError("the windows hold one distinct token: a token perturbation "
+                            "replaces it by another that occurs in them")
+    perturbed = perturb_windows(ids, s.perturb_pos, len(chars), seed, among)  # (B, T)
     fam = open_family(module, "measure()")
     if all(n.split(".")[1] == "reverse" for n in fam.names()):  # an ONNX reverse-only node
         raise GatelensError("a reverse-only recurrent module cannot be measured (the "
@@ -97,7 +104,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     base = None if baseline is None else (baseline[0], open_family(baseline[1], "measure()"),
                                           baseline[2])
     setup = Setup(fam, runner, B, T, s, seed, list(chars), init_value,
-                  None if base is None else base[:2])
+                  None if base is None else base[:2], unit)
     active = [m for m in (cls.build(setup) for cls in MEASUREMENTS) if m is not None]
     for m in active:
         clock.setdefault(m.stage, 0.0)
@@ -133,7 +140,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         info.update(part.pop("text", {}))
         found.update(part)
     info["memory_windows"] = setup.memory_windows
-    a = Analysis(model=dict(model or {**fam.describe(), "step": None}), text=info,
+    a = Analysis(model={**(model or {**fam.describe(), "step": None}), "unit": unit},
+                 text=info,
                  chars=list(chars), windows=ids, perturbed=perturbed,
                  perturb_pos=s.perturb_pos, **kept, **found, **(run or {}))
     clock["analyses"] += time.perf_counter() - t0

@@ -63,6 +63,7 @@ class Setup:
     chars: list[str]  # the vocabulary in index order
     init_value: float  # the keep gate's starting value
     baseline: tuple[int, Family] | None  # (step, family) of the untrained model
+    unit: str = "characters"  # what the model reads: characters, tokens or bytes
 
     @property
     def memory_windows(self) -> int:
@@ -283,7 +284,7 @@ class Classes:
     stage, report = "analyses", ("char_classes",)
 
     def __init__(self, setup: Setup) -> None:
-        self.acc = ClassStats(setup.fam.spec, setup.chars)
+        self.acc = ClassStats(setup.fam.spec, setup.chars, setup.unit)
 
     @classmethod
     def build(cls, setup: Setup) -> Classes:

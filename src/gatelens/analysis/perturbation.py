@@ -44,25 +44,40 @@ from gatelens.readout.trace_types import Trace
 LAGS = (1, 2, 4, 8, 16, 32)
 
 
-def perturb_windows(windows: Tensor, position: int, vocab_size: int, seed: int) -> Tensor:
+def perturb_windows(windows: Tensor, position: int, vocab_size: int, seed: int,
+                    among: Tensor | None = None) -> Tensor:
     """Copy of ``windows`` (B, T) with x_p replaced by a different character in each window.
 
-    Replacements are uniform over the other V − 1 characters, drawn with ``seed``.
+    Replacements are uniform over the other V − 1 characters, drawn with ``seed``; with
+    ``among`` (the distinct ids of the analysis windows: a model read in tokens), uniform
+    over the other ids of ``among``, never x_p itself (docs/methods.md "Tokens and depth").
 
     >>> w = torch.zeros(4, 3, dtype=torch.long)
     >>> p = perturb_windows(w, 1, 2, seed=0)
     >>> p[:, 1].tolist(), bool((p[:, [0, 2]] == 0).all())
     ([1, 1, 1, 1], True)
+    >>> w = torch.tensor([[7, 7, 9], [9, 3, 7]])
+    >>> perturb_windows(w, 1, 50_000, 0, among=torch.unique(w))[:, 1].tolist()
+    [3, 9]
     """
-    if vocab_size < 2:
-        raise ValueError("a perturbation needs at least two characters in the vocabulary")
     if not 0 <= position < windows.shape[1]:
         raise ValueError(f"position {position} is outside windows of length {windows.shape[1]}")
     gen = torch.Generator().manual_seed(int(seed))
     orig = windows[:, position]  # (B,)
-    draw = torch.randint(0, vocab_size - 1, orig.shape, generator=gen)  # (B,) in [0, V−2]
     out = windows.clone()
-    out[:, position] = draw + (draw >= orig).long()  # skip the original: never unchanged
+    if among is None:
+        if vocab_size < 2:
+            raise ValueError("a perturbation needs at least two characters in the vocabulary")
+        draw = torch.randint(0, vocab_size - 1, orig.shape, generator=gen)  # (B,) in [0, V−2]
+        out[:, position] = draw + (draw >= orig).long()  # skip the original: never unchanged
+        return out
+    among = torch.unique(among.to(windows.device))  # (K,) sorted
+    if len(among) < 2:
+        raise ValueError("a token perturbation needs at least two distinct tokens in the "
+                         "windows")
+    where = torch.searchsorted(among, orig.contiguous())  # (B,): x_p's index in among
+    draw = torch.randint(0, len(among) - 1, orig.shape, generator=gen)  # (B,) in [0, K−2]
+    out[:, position] = among[draw + (draw >= where).long()]
     return out
 
 

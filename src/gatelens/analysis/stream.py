@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gatelens.analysis.classes import DEFAULT_CLASSES, CharClasses, default_class
+from gatelens.analysis.classes import CharClasses, classing
 from gatelens.analysis.common import PERCENTILES, as_numpy64, pooled
 from gatelens.analysis.gates import GateDistributions, distribution
 from gatelens.analysis.units import UnitTimescales, summarize_units
@@ -142,27 +142,29 @@ class UnitStats:
 
 
 class ClassStats:
-    """The keep gate's mean over the units at every position, by character class."""
+    """The keep gate's mean over the units at every position, by the class of the input
+    (characters: space, newline, other; tokens and bytes: ``TOKEN_CLASSES``)."""
 
-    def __init__(self, spec: CellSpec, chars: list[str]) -> None:
+    def __init__(self, spec: CellSpec, chars: list[str], unit: str = "characters") -> None:
+        classify, self.classes = classing(unit)
         self.gate = spec.keep_gate
-        self.label = np.array([default_class(c) for c in chars])  # (V,)
-        self.means: dict[str, list[np.ndarray]] = {c: [] for c in DEFAULT_CLASSES}
-        self.positions = {c: 0 for c in DEFAULT_CLASSES}
+        self.label = np.array([classify(c) for c in chars])  # (V,)
+        self.means: dict[str, list[np.ndarray]] = {c: [] for c in self.classes}
+        self.positions = {c: 0 for c in self.classes}
 
     def update(self, trace: Trace, windows: Tensor) -> None:
         cls = self.label[windows.detach().cpu().numpy()]  # (B, T)
-        for c in DEFAULT_CLASSES:
+        for c in self.classes:
             self.positions[c] += int((cls == c).sum())
         if self.gate is None:
             return
         pos_mean = as_numpy64(pooled(trace, self.gate)).mean(axis=-1)  # (B, T)
-        for c in DEFAULT_CLASSES:
+        for c in self.classes:
             self.means[c].append(pos_mean[cls == c])
 
     def result(self) -> CharClasses:
         if self.gate is None:
-            return CharClasses(None, {c: None for c in DEFAULT_CLASSES}, self.positions)
+            return CharClasses(None, {c: None for c in self.classes}, self.positions)
         means = {c: float(np.concatenate(v).mean()) if self.positions[c] else None
                  for c, v in self.means.items()}
         return CharClasses(self.gate, means, self.positions)

@@ -25,44 +25,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from gatelens.analysis.settings import AnalysisSettings
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
+from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
 from gatelens.lens.run import Run
+from gatelens.lens.tokens import check_tokenizer, check_unit, encode_text, pieces, vocab_size
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
 
-__all__ = ["Lens", "LensResult", "output_logits", "unpack_equal"]
-
-
-def unpack_equal(packed: PackedSequence, length: int, batch_first: bool = True) -> Tensor:
-    """A packed batch whose sequences all have ``length`` steps, as a padded tensor in the
-    caller's order ((B, T, F) batch first, else (T, B, F)).
-
-    A recurrent module fed an equal-length packed batch computes the same as fed this
-    tensor (no step is padding), so the measurements, defined on equal-length windows,
-    apply unchanged. Unequal lengths raise GatelensError.
-
-    >>> from torch.nn.utils.rnn import pack_padded_sequence
-    >>> x = torch.randn(3, 5, 2)
-    >>> p = pack_padded_sequence(x, torch.tensor([5, 5, 5]), batch_first=True,
-    ...                          enforce_sorted=False)
-    >>> torch.equal(unpack_equal(p, 5), x)
-    True
-    """
-    # pad_packed_sequence restores the caller's order through packed.unsorted_indices
-    x, lengths = pad_packed_sequence(packed, batch_first=True)  # (B, T, F), caller's order
-    if bool((lengths != length).any()):
-        raise GatelensError(
-            f"a packed batch with lengths {int(lengths.min())}..{int(lengths.max())} cannot be "
-            f"measured: the measurements need every sequence {length} steps long")
-    return x if batch_first else x.transpose(0, 1)
+__all__ = ["Lens", "LensResult", "output_logits"]
 
 
 def output_logits(output: Any) -> Tensor | None:
@@ -111,6 +89,12 @@ class Lens:
     starting value, seed and provenance (``run=`` gives the same context beside a model).
     ``vocab``: the characters in index order (needed for text input); an int V names
     the ids ``<0>`` .. ``<V-1>``; None with ids input uses V = max(ids) + 1 (at least 2).
+    ``tokenizer``, instead of ``vocab``: a Hugging Face tokenizer, a ``tokenizers``
+    Tokenizer or any object with ``encode(text)`` and ``decode(ids)``; a text is then
+    tokenised once and its windows are token windows (``lens/tokens.py``). ``unit``: what
+    the model reads, "characters" (a vocabulary), "tokens" (the default with a tokenizer)
+    or "bytes"; every figure and page speaks of it, and a model read in tokens or bytes has
+    its replacement drawn from the tokens occurring in the windows.
     ``encode`` maps ids (B, T) int64 to what ``model(...)`` takes (default: the ids). A
     model with no module gatelens opens raises GatelensError naming its class. Modules
     nested inside an opened one are part of it, not opened again.
@@ -118,6 +102,7 @@ class Lens:
 
     def __init__(self, model: nn.Module | Run, vocab: Sequence[str] | int | None = None,
                  encode: Callable[[Tensor], Any] | None = None, *,
+                 tokenizer: Any = None, unit: str | None = None,
                  run: Run | None = None) -> None:
         if isinstance(model, Run):
             model, run = model.model, model
@@ -132,6 +117,12 @@ class Lens:
                                 "device (no values); load the weights first")
         self.model = model
         self.run = run
+        if tokenizer is not None:
+            if vocab is not None:
+                raise GatelensError("Lens takes vocab= or tokenizer=, not both")
+            check_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.unit = check_unit(unit or ("tokens" if tokenizer is not None else "characters"))
         self.vocab = self.run.vocab if vocab is None and self.run is not None else vocab
         self.encode = encode
         self.families: dict[str, Family] = {}
@@ -149,18 +140,24 @@ class Lens:
     def _check_vocab(self) -> None:
         """The vocabulary against the model's first lookup: an embedding's rows, or a
         gatelens run's / weights file's vocabulary size."""
+        if self.tokenizer is not None and self.encode is None:
+            n, size = vocab_size(self.tokenizer), rows(self.model)
+            if n is not None and size is not None and n > size:
+                raise GatelensError(f"the tokenizer has {n} ids but {type(self.model).__name__} "
+                                    f"reads {size} (its embedding's rows)")
         if self.vocab is None or isinstance(self.vocab, int) or self.encode is not None:
             return
-        size = getattr(self.model, "vocab_size", None)
-        if not isinstance(size, int):
-            emb = next((m for m in self.model.modules() if isinstance(m, nn.Embedding)), None)
-            size = None if emb is None else emb.num_embeddings
+        size = rows(self.model)
         if size is not None and len(self.vocab) > size:
             raise GatelensError(f"vocab has {len(self.vocab)} characters but "
                                 f"{type(self.model).__name__} reads {size} (its embedding's "
                                 "rows): ids past them would not exist")
 
     def _chars(self, ids: Tensor) -> list[str]:
+        if self.tokenizer is not None:
+            size = vocab_size(self.tokenizer) or 0
+            return pieces(self.tokenizer, torch.unique(ids).tolist(),
+                          max(size, int(ids.max()) + 1, 2))
         if isinstance(self.vocab, int):
             return [f"<{i}>" for i in range(self.vocab)]
         if self.vocab is not None:
@@ -189,8 +186,10 @@ class Lens:
             raise GatelensError(f"Lens.analyze takes a text, a file path or ids (B, T); got "
                                 f"{type(text_or_ids).__name__}")
         where = "text"
-        if isinstance(text_or_ids, os.PathLike) or _names_a_file(text_or_ids):
+        if isinstance(text_or_ids, os.PathLike) or names_a_file(text_or_ids):
             where, text_or_ids = str(text_or_ids), read_text_file(text_or_ids)
+        if self.tokenizer is not None:
+            return self._token_windows(text_or_ids, windows, length, where)
         if self.vocab is None or isinstance(self.vocab, int):
             raise GatelensError("text input needs vocab: the model's characters in index order")
         vocab = Vocab(list(self.vocab))
@@ -198,6 +197,20 @@ class Lens:
         how = "every whole window" if windows == "all" else f"first {windows} windows"
         source = f"{where} ({len(text_or_ids)} characters; {how} of {length})"
         return ids, vocab.chars, source
+
+    def _token_windows(self, text: str, windows: int | str, length: int,
+                       where: str) -> tuple[Tensor, list[str], str]:
+        """A text tokenised once, as a whole; its first ``windows`` consecutive
+        ``length``-token slices ("all": every whole one)."""
+        ids = torch.tensor(encode_text(self.tokenizer, text), dtype=torch.long)  # (N,)
+        n = len(ids) // length if windows == "all" else windows
+        if n < 1 or len(ids) < n * length:
+            raise GatelensError(f"{where}: {len(ids)} tokens, too short for "
+                                f"{windows} windows of {length} tokens")
+        ids = ids[: n * length].view(n, length)  # (B, T)
+        how = "every whole window" if windows == "all" else f"first {windows} windows"
+        return ids, self._chars(ids), (f"{where} ({len(text)} characters, tokenised; {how} "
+                                       f"of {length} tokens)")
 
     def runner(self, path: str) -> Runner:
         """ids (B, T) -> what the module at ``path`` received when the whole model read them.
@@ -270,7 +283,7 @@ class Lens:
     def describe(self, path: str) -> dict:
         """report.json's "model" block for the module at ``path``."""
         info = {**self.families[path].describe(), "step": None, "path": path,
-                "class": type(self.model).__name__}
+                "class": type(self.model).__name__, "unit": self.unit}
         if self.run is not None:
             info.update(self.run.model_block())
         return info
@@ -303,7 +316,7 @@ class Lens:
                        model=self.describe(path) if model is None else model,
                        text=text or {"windows": int(ids.shape[0]),
                                      "length": int(ids.shape[1]), "source": "ids"},
-                       run=None if self.run is None else self.run.facts(),
+                       run=None if self.run is None else self.run.facts(), unit=self.unit,
                        chunk=chunk, progress=progress, timings=timings)
 
     def analyze(self, text_or_ids: str | os.PathLike | Tensor,
@@ -335,35 +348,3 @@ class Lens:
 
             atomic_write_text(result.out / "index.html", result.index_html)
         return result
-
-
-def one_trajectory(steps: Stitcher, calls: list, name: str, length: int) -> Any:
-    """The one trajectory a forward's calls of one step form (readout/stitch.py); a forward
-    with calls of more than one step among them, whose calls form several trajectories, or
-    whose trajectory is not as long as the windows, is a one-line GatelensError saying why."""
-    if steps.calls != len(calls):
-        raise GatelensError(
-            f"{name} ran {len(calls)} times in one forward, {len(calls) - steps.calls} of them "
-            "on more than one step; Lens stitches calls of one step each (the state handed "
-            "back) or measures one call on the whole sequence")
-    recs = steps.result()
-    if len(recs) != 1:
-        raise GatelensError(
-            f"{name}: its {len(calls)} calls in one forward form {len(recs)} trajectories "
-            f"(the second starts because {recs[1].why}); the measurements need one "
-            "trajectory per forward")
-    if recs[0].length != length:
-        raise GatelensError(
-            f"{name}: its stitched trajectory has {recs[0].length} steps but the windows "
-            f"{length}; the measurements read the trajectory by window position")
-    return recs[0]
-
-
-def _names_a_file(text: str) -> bool:
-    """Whether a str passed as text names an existing file (then it is read as one)."""
-    if "\n" in text or len(text) > 4096:
-        return False
-    try:
-        return Path(text).is_file()
-    except (OSError, ValueError):
-        return False

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gatelens.io import atomic_write_json, atomic_write_text
 from gatelens.report.html_data import encode_plot, page_data, plots_inside
 from gatelens.report.html_tables import report_tables
+from gatelens.report.words import in_unit, unit_of
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -58,17 +59,19 @@ def _plots_html(plots: list[dict[str, str]]) -> str:
 
 def render_html(data: dict[str, Any]) -> str:
     """The whole page for ``data`` (what ``page_data`` returns), as one string."""
+    unit = unit_of(data.get("report") or {})
     parts = {
         "TITLE": escape(str(data.get("title", "gatelens report"))),
         "CSS": _asset("page.css"),
         "JS": _asset("page.js").replace("</", "<\\/"),
-        "TABLES": report_tables(data.get("report") or {}),
+        "TABLES": in_unit(report_tables(data.get("report") or {}), unit),
         "PLOTS": _plots_html(data.get("plots") or []),
         # Top-level keys sorted: a rebuilt page is byte-identical to the first one.
         "DATA": _script_json({k: data[k] for k in sorted(data) if k != "plots"}),
     }
     # One pass, so text inside one part is never read as a placeholder of another.
-    return re.sub(r"\{\{([A-Z]+)\}\}", lambda m: parts[m.group(1)], _asset("template.html"))
+    page = in_unit(_asset("template.html"), unit)  # its own words, in the model's unit
+    return re.sub(r"\{\{([A-Z]+)\}\}", lambda m: parts[m.group(1)], page)
 
 
 @dataclass

@@ -99,9 +99,12 @@ def _signals(trace: Any, layer: int) -> list[str]:
     return [n[len(prefix):] for n in trace if n.startswith(prefix) and "." not in n[len(prefix):]]
 
 
-def _text(windows: Any, chars: list[str], rows: list[int]) -> list[str]:
+def _text(windows: Any, chars: list[str], rows: list[int],
+          unit: str = "characters") -> list[str] | list[list[str]]:
     """The characters of some windows, as strings."""
     idx = windows.detach().cpu().numpy() if hasattr(windows, "detach") else np.asarray(windows)
+    if unit != "characters":  # a token is one position, whatever its length: a list
+        return [[chars[int(c)] for c in idx[r]] for r in rows]
     return ["".join(chars[int(c)] for c in idx[r]) for r in rows]
 
 
@@ -150,11 +153,11 @@ def _perturbation(analysis: Analysis, rows: list[int]) -> dict[str, Any]:
     norms = {k: [[_sig(x) for x in np.linalg.norm(v[r, p:, :], axis=-1)] for r in rows]
              for k, v in paths.items()}  # window -> ‖·‖ at lag 0 … T−1−p
     curves = analysis.perturbation.curves
-    chars = list(analysis.chars)
+    chars, unit = list(analysis.chars), analysis.model.get("unit", "characters")
     return {
         "pos": p,
-        "texts": _text(analysis.perturbed, chars, rows),
-        "orig": [t[p] for t in _text(analysis.windows, chars, rows)],
+        "texts": _text(analysis.perturbed, chars, rows, unit),
+        "orig": [t[p] for t in _text(analysis.windows, chars, rows, unit)],
         "paths": {k: quantize(v[rows, p:, :]) for k, v in paths.items()},  # (W, T-p, S)
         "norms": norms, "mean_ratio": {k: [_sig(x) for x in curves[k]] for k in paths},
         "has_paths": dec is not None,
@@ -264,6 +267,7 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
         "keep_gate": trace.keep_gate, "state": trace.state_name,
         "n_windows": b, "length": t, "shown": n, "step": model.get("step"),
         "source": (report.get("text") or {}).get("source"),
+        "unit": model.get("unit") or "characters",
         "ranges": {s: list(bounds[s]) if s in bounds else None for s in signals},
     }
     return {
@@ -272,7 +276,7 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
             f" · step {meta['step']}" if meta["step"] is not None else ""),
         "meta": meta,
         "chars": list(analysis.chars),
-        "texts": _text(analysis.windows, list(analysis.chars), rows),
+        "texts": _text(analysis.windows, list(analysis.chars), rows, meta["unit"]),
         "models": models,
         "units": _unit_tables(analysis),
         "perturb": _perturbation(analysis, rows),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from gatelens.analysis.perturbation import PerturbationDecay
 from gatelens.analysis.units import UnitTimescales, shift_from_init
 from gatelens.io import atomic_write_json
+from gatelens.report.words import report_in_unit, unit_of
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -98,6 +99,7 @@ def build_report(a: Analysis) -> dict:
             "description": a.context.describe()},
         "saturation": None if a.saturation is None else a.saturation.to_dict(),
     }
+    report = report_in_unit(report, unit_of(report))  # gatelens's sentences, in the unit
     nonfinite = sanitize(report)
     report["nonfinite"] = None if not nonfinite else {
         "count": len(nonfinite), "paths": nonfinite[:20],

@@ -29,6 +29,7 @@ from gatelens.report.tables import (
     units_table,
     verification_table,
 )
+from gatelens.report.words import in_unit, unit_of
 
 
 def _gates(rep: dict) -> list[str]:
@@ -204,15 +205,14 @@ def _control_reading(ctl: dict) -> str:
 
 def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
     """report.md from a report.json dict; ``plots`` are paths relative to report.md."""
-    m, t = rep["model"], rep["text"]
+    m, t, unit = rep["model"], rep["text"], unit_of(rep)
     where = f" `{m['path']}`" if m.get("path") else ""
-    lines = [f"# gatelens analysis{where}: {m['cell'].upper()}, {m['hidden']} units × "
-             f"{m['layers']} layer(s), step {m['step']}", "",
-             f"Text: {t['windows']} windows × {t['length']} characters from {t['source']}.",
-             f"Multi-layer rule: {rep.get('pooling', 'layers pooled')}.", "",
-             *[f"Note: {n}" for n in m.get("notes") or []], *([""] if m.get("notes") else []),
-             "## Verification", ""]
-    lines += _verification(rep)
+    head = [f"# gatelens analysis{where}: {m['cell'].upper()}, {m['hidden']} units × "
+            f"{m['layers']} layer(s), step {m['step']}", "",
+            f"Text: {t['windows']} windows × {t['length']} {unit} from {t['source']}.",
+            f"Multi-layer rule: {rep.get('pooling', 'layers pooled')}.", "",
+            *[f"Note: {n}" for n in m.get("notes") or []], *([""] if m.get("notes") else [])]
+    lines = ["## Verification", "", *_verification(rep)]
     lines += ["", "## Gate distributions", "", *_gates(rep), "",
               "## Per-unit timescales", "", *_units(rep), "",
               "## Perturbation decay", "", *_perturbation(rep), "",
@@ -232,6 +232,7 @@ def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
                           ["best achievable (perfect memory)", ctl["best_loss"]],
                           ["this model's best validation loss", ctl["best_val_loss"]]]).markdown(),
                   "", f"Reading: {_control_reading(ctl)}", ""]
+    lines = head + [in_unit(line, unit) for line in lines]  # gatelens's words, in the unit
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(lines)

@@ -5,6 +5,8 @@
   "use strict";
   const D = JSON.parse(document.getElementById("gl-data").textContent);
   const M = D.meta, T = M.length, P = D.perturb;
+  // the unit the model reads (characters, tokens, bytes) and its singular
+  const UNIT = M.unit || "characters", UNIT1 = UNIT.replace(/s$/, "");
   const $ = (id) => document.getElementById(id);
   const SVGNS = "http://www.w3.org/2000/svg";
   function el(tag, cls, text) {
@@ -54,7 +56,9 @@
     return Math.abs(v) < span * 1e-6 ? "0" : v.toFixed(d);
   };
   const signed = (v) => (v > 0 ? "+" : "") + fmt(v);
-  const shown = (c) => c === "\n" ? "↵\n" : c === "\t" ? "⇥" : c < " " ? "·" : c;
+  const shown1 = (c) => c === "\n" ? "↵\n" : c === "\t" ? "⇥" : c < " " ? "·" : c;
+  // a character as before; a token character by character, so its newlines show too
+  const shown = (c) => c.length <= 1 ? shown1(c) : Array.from(c).map(shown1).join("");
   const quote = (c) => JSON.stringify(c);
 
   // ---- state ----------------------------------------------------------------------------
@@ -154,7 +158,7 @@
     D.texts.forEach((txt, w) => {
       const wrap = el("div", "win");
       wrap.appendChild(el("div", "wlab", "window " + (w + 1)));
-      const line = el("div", "chars");
+      const line = el("div", UNIT === "characters" ? "chars" : "chars toks");
       Array.from(txt).forEach((c, t) => {
         const s = el("span", "ch", shown(c));
         s._w = w; s._t = t; s._c = c;
@@ -165,7 +169,7 @@
       box.appendChild(wrap);
     });
     $("wincount").textContent = "Showing " + D.texts.length + " of " + M.n_windows +
-      " analysis windows of " + T + " characters" + (M.source ? " from " + M.source : "") +
+      " analysis windows of " + T + " " + UNIT + (M.source ? " from " + M.source : "") +
       "; the tables and plots use all " + M.n_windows + ".";
   }
   function extent(sig, u) {  // this unit's [min, max] over both models' shown windows
@@ -214,7 +218,7 @@
     info.appendChild(el("strong", "", S.layer + " unit " + u));
     info.append(" · mean " + g + " " + fmt(d.mean[u]) + " (untrained " + fmt(d.init[u]) +
       ", shift " + signed(d.shift[u]) + ")" + (hasKeep ? " · half-life " +
-      (d.half_life[u] === null ? "∞" : fmt(d.half_life[u], 2)) + " characters" : "") +
+      (d.half_life[u] === null ? "∞" : fmt(d.half_life[u], 2)) + " " + UNIT : "") +
       " · colour: " + S.signal + ", " + (S.model === "trained" ? "trained model" : "untrained model (step 0)"));
   }
   $("windows").addEventListener("mouseover", (ev) => {
@@ -272,7 +276,7 @@
     });
     $("pinfo").textContent = "Position " + p + ": " + quote(P.orig[w]) + " became " +
       quote(txt[p]) + ". Colour: the measured difference in " + M.state + " " +
-      (S.pmode === "unit" ? "of " + S.layer + " unit " + S.unit : "over all units (norm)") + " at each later character." +
+      (S.pmode === "unit" ? "of " + S.layer + " unit " + S.unit : "over all units (norm)") + " at each later " + UNIT1 + "." +
       (P.has_paths ? " Forget path: the difference carried by the keep gate alone; return path: what re-enters through the gates." : "");
     chart(series);
   }
@@ -309,7 +313,7 @@
       add("text", { x: x(j), y: Hh - B + 16, class: "tick", "text-anchor": "middle" }, String(j));
     }
     add("text", { x: L + (W - L - R) / 2, y: Hh - 4, class: "tick", "text-anchor": "middle" },
-      "characters after the change (lag)");
+      UNIT + " after the change (lag)");
     add("text", { x: L + 6, y: Tp + 14, class: "tick" }, log ? "‖δ" + M.state + "‖ over all units"
       : "δ" + M.state + " of " + S.layer + " unit " + S.unit);
     if (!log) add("line", { x1: L, x2: W - R, y1: y(0), y2: y(0), class: "zero" });

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
 from gatelens.analysis.units import half_life
+from gatelens.report.words import in_unit, unit_of
 
 COLORS = {"trained": "#1f77b4", "untrained": "#aaaaaa", "measured": "#1f77b4",
           "forget_path": "#d62728", "return_path": "#2ca02c"}
@@ -140,9 +141,16 @@ def plot_history(ax: Axes, history: dict, best_step: int | None = None) -> None:
     ax.legend(fontsize=8)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, unit: str = "characters") -> Path:
+    """The figure as a PNG at ``path``, its words in the model's ``unit``."""
     from gatelens.io import atomic_write
 
+    for ax in fig.axes:
+        ax.set_xlabel(in_unit(ax.get_xlabel(), unit))
+        ax.set_ylabel(in_unit(ax.get_ylabel(), unit))
+        ax.set_title(in_unit(ax.get_title(), unit), fontsize=ax.title.get_fontsize())
+        for text in [*ax.texts, *(ax.get_legend().get_texts() if ax.get_legend() else [])]:
+            text.set_text(in_unit(text.get_text(), unit))
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100,
                                                metadata={"Software": None}))
@@ -152,7 +160,7 @@ def _save(fig: Figure, path: Path) -> Path:
 def write_plots(report: dict, out: Path, curves: dict[str, np.ndarray] | None = None,
                 best_step: int | None = None) -> list[Path]:
     """Every plot that applies to this report, as PNGs under ``out`` (created)."""
-    out = Path(out)
+    out, unit = Path(out), unit_of(report)
     paths = []
     units, base = report["units"], (report.get("baseline") or {})
     if units.get("per_unit"):
@@ -161,7 +169,7 @@ def write_plots(report: dict, out: Path, curves: dict[str, np.ndarray] | None = 
         plot_unit_histogram(fig.subplots(), np.array(units["per_unit"]),
                             None if b is None else np.array(b), units["init_value"],
                             units["gate"])
-        paths.append(_save(fig, out / "units_forget_mean.png"))
+        paths.append(_save(fig, out / "units_forget_mean.png", unit))
     if curves:
         reach = report.get("output_reach")
         lags = report["perturbation"]["lags"]
@@ -174,18 +182,18 @@ def write_plots(report: dict, out: Path, curves: dict[str, np.ndarray] | None = 
         else:
             fig = Figure(figsize=(7, 4))
             plot_decay(fig.subplots(), curves, lags)
-        paths.append(_save(fig, out / "perturbation_decay.png"))
+        paths.append(_save(fig, out / "perturbation_decay.png", unit))
     if len(report["gates"]) > 1:
         fig = Figure(figsize=(7, 4))
         plot_gate_distributions(fig.subplots(), report["gates"], base.get("gates"))
-        paths.append(_save(fig, out / "gate_distributions.png"))
+        paths.append(_save(fig, out / "gate_distributions.png", unit))
     if any(v["forget_mean"] is not None for v in report["char_classes"].values()):
         fig = Figure(figsize=(5, 4))
         plot_char_classes(fig.subplots(), report["char_classes"])
-        paths.append(_save(fig, out / "char_classes.png"))
+        paths.append(_save(fig, out / "char_classes.png", unit))
     hist = report.get("history")
     if hist and hist.get("step"):
         fig = Figure(figsize=(7, 4))
         plot_history(fig.subplots(), hist, best_step)
-        paths.append(_save(fig, out / "validation_loss.png"))
+        paths.append(_save(fig, out / "validation_loss.png", unit))
     return paths

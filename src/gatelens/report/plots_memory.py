@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from gatelens.analysis.slow_modes import SLOW_EXPONENT, SLOW_HALF_LIFE
 from gatelens.report.plots import COLORS, _save, plot_reach
+from gatelens.report.words import unit_of
 
 DIRECTION_COLORS = {"forward": COLORS["trained"], "reverse": "#ff7f0e"}
 
@@ -122,7 +123,7 @@ def plot_saturation(ax: Axes, left, right, gate: str) -> None:
 def write_memory_plots(report: dict, out: Path, spectrum=None) -> list[Path]:
     """The memory plots that apply to report.json (version 3) as PNGs under ``out``;
     ``spectrum`` (a ``LyapunovSpectrum``) adds the slow modes' loadings."""
-    out, paths = Path(out), []
+    out, paths, unit = Path(out), [], unit_of(report)
     lyap = report.get("lyapunov")
     if lyap and lyap.get("exponents"):
         fig = Figure(figsize=(12 if spectrum is not None else 7, 4))
@@ -138,7 +139,7 @@ def write_memory_plots(report: dict, out: Path, spectrum=None) -> list[Path]:
             n = max(len(spectrum.slow_modes), min(4, spectrum.k))
             plot_slow_modes(axes[1], spectrum.loadings[:n], spectrum.exponents[:n],
                             spectrum.hidden)
-        paths.append(_save(fig, out / "lyapunov_spectrum.png"))
+        paths.append(_save(fig, out / "lyapunov_spectrum.png", unit))
     ctx = report.get("context")
     if ctx:
         reach = (report.get("output_reach") or {}).get("curve")
@@ -147,14 +148,14 @@ def write_memory_plots(report: dict, out: Path, spectrum=None) -> list[Path]:
         plot_context(axes[0], ctx)
         if reach:
             plot_reach(axes[1], reach, report.get("perturbation", {}).get("lags"))
-        paths.append(_save(fig, out / "context_used.png"))
+        paths.append(_save(fig, out / "context_used.png", unit))
     sat = report.get("saturation") or {}
     gates = [g for g in sat if g != "keep_right_majority"]
     if gates:
         fig = Figure(figsize=(3.2 * len(gates), 3.4))
         for ax, g in zip(np.atleast_1d(fig.subplots(1, len(gates))), gates, strict=True):
             plot_saturation(ax, sat[g]["left"], sat[g]["right"], g)
-        paths.append(_save(fig, out / "gate_saturation.png"))
+        paths.append(_save(fig, out / "gate_saturation.png", unit))
     return paths
 
 

@@ -1,0 +1,81 @@
+"""What Lens's forward hook captured, made into what ``measure`` reads: a packed batch of
+equal lengths unpacked, calls of one step stitched into one trajectory, and the small
+rules Lens applies to its inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+
+from gatelens.errors import GatelensError
+from gatelens.readout.stitch import Stitcher
+
+
+def unpack_equal(packed: PackedSequence, length: int, batch_first: bool = True) -> Tensor:
+    """A packed batch whose sequences all have ``length`` steps, as a padded tensor in the
+    caller's order ((B, T, F) batch first, else (T, B, F)).
+
+    A recurrent module fed an equal-length packed batch computes the same as fed this
+    tensor (no step is padding), so the measurements, defined on equal-length windows,
+    apply unchanged. Unequal lengths raise GatelensError.
+
+    >>> import torch
+    >>> from torch.nn.utils.rnn import pack_padded_sequence
+    >>> x = torch.randn(3, 5, 2)
+    >>> p = pack_padded_sequence(x, torch.tensor([5, 5, 5]), batch_first=True,
+    ...                          enforce_sorted=False)
+    >>> torch.equal(unpack_equal(p, 5), x)
+    True
+    """
+    # pad_packed_sequence restores the caller's order through packed.unsorted_indices
+    x, lengths = pad_packed_sequence(packed, batch_first=True)  # (B, T, F), caller's order
+    if bool((lengths != length).any()):
+        raise GatelensError(
+            f"a packed batch with lengths {int(lengths.min())}..{int(lengths.max())} cannot be "
+            f"measured: the measurements need every sequence {length} steps long")
+    return x if batch_first else x.transpose(0, 1)
+
+
+def one_trajectory(steps: Stitcher, calls: list, name: str, length: int) -> Any:
+    """The one trajectory a forward's calls of one step form (readout/stitch.py); a forward
+    with calls of more than one step among them, whose calls form several trajectories, or
+    whose trajectory is not as long as the windows, is a one-line GatelensError saying why."""
+    if steps.calls != len(calls):
+        raise GatelensError(
+            f"{name} ran {len(calls)} times in one forward, {len(calls) - steps.calls} of them "
+            "on more than one step; Lens stitches calls of one step each (the state handed "
+            "back) or measures one call on the whole sequence")
+    recs = steps.result()
+    if len(recs) != 1:
+        raise GatelensError(
+            f"{name}: its {len(calls)} calls in one forward form {len(recs)} trajectories "
+            f"(the second starts because {recs[1].why}); the measurements need one "
+            "trajectory per forward")
+    if recs[0].length != length:
+        raise GatelensError(
+            f"{name}: its stitched trajectory has {recs[0].length} steps but the windows "
+            f"{length}; the measurements read the trajectory by window position")
+    return recs[0]
+
+
+def rows(model: nn.Module) -> int | None:
+    """How many ids a model reads: its ``vocab_size``, else its first embedding's rows."""
+    size = getattr(model, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return None if emb is None else emb.num_embeddings
+
+
+def names_a_file(text: str) -> bool:
+    """Whether a str passed as text names an existing file (then it is read as one)."""
+    if "\n" in text or len(text) > 4096:
+        return False
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False
