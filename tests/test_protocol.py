@@ -17,8 +17,9 @@ import torch.nn.functional as F
 import gatelens
 from gatelens.analysis import measure as measure_mod
 from gatelens.analysis import perturb_windows
+from gatelens.analysis.chunk import Setup
 from gatelens.analysis.measure import STAGES, Analysis, encoder_runner, measure
-from gatelens.analysis.measurements import MEASUREMENTS, Setup
+from gatelens.analysis.measurements import MEASUREMENTS
 from gatelens.analysis.settings import DEFAULTS, AnalysisSettings
 from gatelens.errors import GatelensError
 

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.analysis import perturb_windows
-from gatelens.analysis.measurements import MEASUREMENTS, Chunk, Setup
+from gatelens.analysis.chunk import Chunk, Setup
+from gatelens.analysis.measurements import MEASUREMENTS
 from gatelens.analysis.result import Analysis, Baseline, Captured, Runner, encoder_runner
 from gatelens.analysis.settings import AnalysisSettings, check_perturb_pos
 from gatelens.cells.numerics import faithful_matmul

@@ -20,14 +20,12 @@ here and one line in ``MEASUREMENTS``, and its rendering in ``gatelens.report``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import ClassVar, Protocol
+from dataclasses import replace
 
 import numpy as np
-from torch import Tensor
 
 from gatelens.analysis import decompose
+from gatelens.analysis.chunk import Chunk, Setup, head
 from gatelens.analysis.context import ContextAccumulator
 from gatelens.analysis.divergence import (
     DivergenceRate,
@@ -38,87 +36,11 @@ from gatelens.analysis.divergence import (
 from gatelens.analysis.fixed_points import dynamics_fixed_points, held_inputs
 from gatelens.analysis.perturbation import decay_from_rows, decay_rows
 from gatelens.analysis.reach import kl_per_position, reach_from_rows
-from gatelens.analysis.result import Baseline, Captured, Runner
+from gatelens.analysis.result import Baseline
 from gatelens.analysis.saturation import SaturationAccumulator
-from gatelens.analysis.settings import AnalysisSettings
 from gatelens.analysis.spectrum import SpectrumAccumulator
 from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
-from gatelens.families.base import Call, Dynamics, Family, Reference
-from gatelens.readout.trace_types import Trace
 from gatelens.readout.verify import VerifyResult, merge_results, verify_call
-
-BURN_IN = 16  # steps of burn-in before the divergence rate is summed
-
-
-@dataclass
-class Setup:
-    """What every measurement of one analysis is built from."""
-
-    fam: Family  # the module's family
-    runner: Runner  # ids -> what the module received (its logits: the context used)
-    windows: int  # B
-    length: int  # T
-    settings: AnalysisSettings
-    seed: int  # the settings' seed, or the run's
-    chars: list[str]  # the vocabulary in index order
-    init_value: float  # the keep gate's starting value
-    baseline: tuple[int, Family] | None  # (step, family) of the untrained model
-    unit: str = "characters"  # what the model reads: characters, tokens or bytes
-
-    @property
-    def memory_windows(self) -> int:
-        """Windows of the spectrum and the context used: the first ones, at most B."""
-        return min(self.windows, self.settings.memory_windows)
-
-    @property
-    def burn_in(self) -> int:
-        """docs/methods.md's burn-in of 16 steps; half the window when windows are shorter."""
-        return min(BURN_IN, self.length // 2)
-
-
-@dataclass
-class Chunk:
-    """One chunk of windows as every measurement reads it, computed once."""
-
-    setup: Setup
-    start: int  # index of its first window among the B
-    windows: Tensor  # (b, T) int64
-    captured: Captured  # what the module received on the windows
-    captured_perturbed: Captured  # ... and on the perturbed windows
-    call: Call
-    reference: Reference  # PyTorch's own states, once per chunk
-    trace: Trace  # the anchored read-out of the windows
-    trace_perturbed: Trace
-    base_trace: Trace | None  # the untrained model's, when there is one
-
-    @cached_property
-    def dynamics(self) -> list[Dynamics] | None:
-        """The float64 dynamics s_t = F(s_{t-1}, x_t) per layer; None for a packed input."""
-        if self.call.layout.get("packed") is not None:
-            return None
-        return self.setup.fam.dynamics(self.call, self.reference)
-
-    @property
-    def memory(self) -> int:
-        """How many of this chunk's windows are among the first ``memory_windows``."""
-        return max(0, min(len(self.windows), self.setup.memory_windows - self.start))
-
-    @cached_property
-    def reach_note(self) -> str | None:
-        """Why this chunk's outputs give no output-level reach (None: they are logits)."""
-        return reach_note(self.captured.logits, self.captured_perturbed.logits, self.windows,
-                          len(self.setup.chars))
-
-
-class Measurement(Protocol):
-    """One accumulator of ``MEASUREMENTS``."""
-
-    stage: ClassVar[str]  # the stage it is timed and shown under
-    report: ClassVar[tuple[str, ...]]  # the report.json sections it fills
-
-    def update(self, chunk: Chunk) -> None: ...
-
-    def result(self, found: dict) -> dict: ...
 
 
 class Divergence:
@@ -405,24 +327,3 @@ def with_regime(ver: VerifyResult, div: DivergenceRate | None) -> VerifyResult:
     if div is None:
         return ver
     return replace(ver, regime=div.regime if math.isfinite(div.lyapunov_per_char) else None)
-
-
-def head(d: Dynamics, n: int) -> Dynamics:
-    """A Dynamics of its first ``n`` windows (the step is the same for any batch)."""
-    if n >= d.inputs.shape[0]:
-        return d
-    return replace(d, inputs=d.inputs[:n], trajectory=[p[:n] for p in d.trajectory],
-                   initial=[p[:n] for p in d.initial])
-
-
-def reach_note(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor,
-               vocab: int) -> str | None:
-    """Why there is no output-level reach (None: the output is next-token logits (B, T, V))."""
-    B, T = ids.shape
-    if clean is None or perturbed is None:
-        return "the model gave no output to compare"
-    if not isinstance(clean, Tensor) or tuple(clean.shape) != (B, T, vocab):
-        shape = tuple(clean.shape) if isinstance(clean, Tensor) else type(clean).__name__
-        return (f"the model's output {shape} is not next-token logits ({B}, {T}, {vocab}), "
-                "so only the state measurements apply")
-    return None
