@@ -44,8 +44,9 @@ from gatelens.analysis.settings import AnalysisSettings
 from gatelens.analysis.spectrum import SpectrumAccumulator
 from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
 from gatelens.families.base import Call, Dynamics, Family, Reference
+from gatelens.readout.merge import merge_results
 from gatelens.readout.trace_types import Trace
-from gatelens.readout.verify import VerifyResult, merge_results, verify_call
+from gatelens.readout.verify import VerifyResult, verify_call
 
 BURN_IN = 16  # steps of burn-in before the divergence rate is summed
 
