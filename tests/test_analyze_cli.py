@@ -59,7 +59,7 @@ def test_analyze_each_cell(runs, cell, tmp_path, capsys):
         "chunks": 1, "percentiles": "exact (numpy.percentile, linear)", "memory_windows": 3}
     # report.json version 3: memory by direction, context used, saturation
     ly = rep["lyapunov"]
-    assert rep["version"] == 3 and ly["k"] == min(64, ly["size"]) and ly["windows"] == 3
+    assert rep["version"] == 4 and ly["k"] == min(64, ly["size"]) and ly["windows"] == 3
     assert ly["exponents"][0] == pytest.approx(rep["divergence"]["lyapunov_per_char"],
                                                abs=1e-12)  # λ_1 is the divergence rate
     assert rep["context"]["lengths"][0] == 1 and len(rep["context"]["excess_loss"]) > 1

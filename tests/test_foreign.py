@@ -402,7 +402,7 @@ def test_analyze_foreign_weights_end_to_end(tmp_path, capsys):
             "--prefix", "lstm.", "--embed-tensor", "emb.weight", "--head", "out.", "--quiet"]
     assert main(args) == 0
     rep = json.loads((out / "report.json").read_text())
-    assert rep["version"] == 3 and rep["model"]["path"] == "lstm"
+    assert rep["version"] == 4 and rep["model"]["path"] == "lstm"
     assert rep["model"]["cell"] == "lstm" and rep["model"]["layers"] == 2
     assert rep["verification"]["passed"] and rep["output_reach"]["kl"][0] > 0
     assert (out / "report.html").is_file() and (out / "report.md").is_file()

@@ -68,7 +68,7 @@ def test_report_validates_and_writes(cell, tmp_path):
     assert json.loads((tmp_path / "report.json").read_text()) == rep
     top = ["version", "model", "text", "verification", "gates", "units", "perturbation",
            "char_classes", "baseline"]
-    assert list(rep)[:len(top)] == top and rep["version"] == 3
+    assert list(rep)[:len(top)] == top and rep["version"] == 4
 
 
 def test_rnn_keys_are_null_not_missing():

@@ -40,7 +40,8 @@ from gatelens.analysis.result import Baseline
 from gatelens.analysis.saturation import SaturationAccumulator
 from gatelens.analysis.spectrum import SpectrumAccumulator
 from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
-from gatelens.readout.verify import VerifyResult, merge_results, verify_call
+from gatelens.readout.merge import merge_results
+from gatelens.readout.verify import VerifyResult, verify_call
 
 
 class Divergence:

@@ -18,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gatelens.analysis.perturbation import PerturbationDecay
 from gatelens.analysis.units import UnitTimescales, shift_from_init
 from gatelens.io import atomic_write_json
@@ -25,8 +27,9 @@ from gatelens.report.words import report_in_unit, unit_of
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
+    from gatelens.analysis.saturation import GateSaturation
 
-VERSION = 3
+VERSION = 4
 POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried state s is "
            "every layer's state concatenated, each scaled by its own layer's keep gate")
 
@@ -46,8 +49,73 @@ def null_units(n_units: int) -> dict:
             "half_life_ge_10": None, "forget_mean": None, "half_life": None, "per_unit": None}
 
 
-def units_dict(units: UnitTimescales | None, n_units: int) -> dict:
-    return null_units(n_units) if units is None else units.to_dict()
+#: above this many units, report.json holds a summary of a per-unit array (its quantiles
+#: and a histogram) and the array itself goes to ARRAYS, so the JSON stays readable
+PER_UNIT_CAP = 4096
+ARRAYS = "arrays.safetensors"
+HIST_BINS = 50
+
+
+def summarize_array(values: np.ndarray, key: str) -> dict:
+    """Quantiles and a histogram of a per-unit array, and where the whole array is.
+
+    >>> d = summarize_array(np.linspace(0, 1, 101), "units.per_unit")
+    >>> d["quantiles"]["p50"], sum(d["histogram"]["counts"]), d["file"]
+    (0.5, 101, 'arrays.safetensors')
+    """
+    v = np.asarray(values, dtype=np.float64)
+    ok = v[np.isfinite(v)]
+    qs = {"min": 0, "p1": 1, "p5": 5, "p25": 25, "p50": 50, "p75": 75, "p95": 95, "p99": 99,
+          "max": 100}
+    quant = {k: (float(np.percentile(ok, q)) if ok.size else None) for k, q in qs.items()}
+    counts, edges = np.histogram(ok, bins=HIST_BINS) if ok.size else (np.zeros(0), [])
+    return {"n": int(v.size), "mean": float(ok.mean()) if ok.size else None, "quantiles": quant,
+            "histogram": {"edges": [float(e) for e in edges],
+                          "counts": [int(c) for c in counts]},
+            "file": ARRAYS, "key": key}
+
+
+def units_dict(units: UnitTimescales | None, n_units: int, key: str = "units.per_unit") -> dict:
+    """report.json's "units"; above ``PER_UNIT_CAP`` units the per-unit means are a
+    summary (``per_unit_summary``) and the array is ``ARRAYS``'s ``key``."""
+    if units is None:
+        return null_units(n_units)
+    out = units.to_dict()
+    if len(out["per_unit"]) > PER_UNIT_CAP:
+        out["per_unit"] = None
+        out["per_unit_summary"] = summarize_array(units.forget_means, key)
+    return out
+
+
+def saturation_dict(sat: GateSaturation | None) -> dict | None:
+    """report.json's "saturation"; a gate's per-unit shares above ``PER_UNIT_CAP`` units
+    are summaries (``left_summary``, ``right_summary``), the arrays in ``ARRAYS``."""
+    if sat is None:
+        return None
+    out = sat.to_dict()
+    for g in sat.gates:
+        if len(out[g]["left"]) > PER_UNIT_CAP:
+            out[g] = {"left": None, "right": None, **{
+                f"{side}_summary": summarize_array(getattr(sat, side)[g],
+                                                   f"saturation.{g}.{side}")
+                for side in ("left", "right")}}
+    return out
+
+
+def report_arrays(a: Analysis) -> dict[str, np.ndarray]:
+    """The per-unit arrays report.json summarises, whole, by their key (ARRAYS's tensors)."""
+    out = {}
+    for key, units in (("units.per_unit", a.units),
+                       ("baseline.units.per_unit", None if a.baseline is None
+                        else a.baseline.units)):
+        if units is not None and units.n_units > PER_UNIT_CAP:
+            out[key] = np.asarray(units.forget_means, dtype=np.float32)
+    sat = a.saturation
+    for g in [] if sat is None else sat.gates:
+        for side in ("left", "right"):
+            if len(getattr(sat, side)[g]) > PER_UNIT_CAP:
+                out[f"saturation.{g}.{side}"] = np.asarray(getattr(sat, side)[g], np.float32)
+    return out
 
 
 def decomposition_summary(decay: PerturbationDecay) -> dict | None:
@@ -65,7 +133,8 @@ def build_report(a: Analysis) -> dict:
     base = shift = None
     if a.baseline is not None:
         b = a.baseline
-        base = {"step": b.step, "gates": b.gates.to_dict(), "units": units_dict(b.units, n_units)}
+        base = {"step": b.step, "gates": b.gates.to_dict(),
+                "units": units_dict(b.units, n_units, "baseline.units.per_unit")}
         if a.units is not None and b.units is not None:
             shift = shift_from_init(a.units, b.units)
     report = {
@@ -97,8 +166,10 @@ def build_report(a: Analysis) -> dict:
         "context": None if a.context is None else {
             **a.context.to_dict(), "windows": a.text.get("memory_windows"),
             "description": a.context.describe()},
-        "saturation": None if a.saturation is None else a.saturation.to_dict(),
+        "saturation": saturation_dict(a.saturation),
     }
+    arrays = sorted(report_arrays(a))
+    report["arrays"] = {"file": ARRAYS, "keys": arrays} if arrays else None
     report = report_in_unit(report, unit_of(report))  # gatelens's sentences, in the unit
     nonfinite = sanitize(report)
     report["nonfinite"] = None if not nonfinite else {

@@ -169,11 +169,19 @@ def _saturation(rep: dict) -> list[str]:
     if not s:
         return ["Not measured (a report before version 3)."]
     gates = [g for g in s if g != "keep_right_majority"]
-    rows = [[g, sum(s[g]["left"]) / len(s[g]["left"]), sum(s[g]["right"]) / len(s[g]["right"])]
-            for g in gates]
+
+    def mean(g: str, side: str) -> float | None:  # a list, or its summary at size
+        v = s[g][side]
+        return sum(v) / len(v) if v is not None else s[g][f"{side}_summary"]["mean"]
+
+    def count(g: str) -> int:
+        v = s[g]["right"]
+        return len(v) if v is not None else s[g]["right_summary"]["n"]
+
+    rows = [[g, mean(g, "left"), mean(g, "right")] for g in gates]
     n, keep = s.get("keep_right_majority"), rep.get("units", {}).get("gate")
     reading = ("the cell has no keep gate" if n is None or keep not in s else
-               f"{n} of {len(s[keep]['right'])} units keep their keep gate {keep} above 0.9 in "
+               f"{n} of {count(keep)} units keep their keep gate {keep} above 0.9 in "
                "more than half the positions (integrators)")
     return Table(["gate", "mean share below 0.1", "mean share above 0.9"], rows,
                  "Gate saturation (per unit, averaged over units)").markdown() + [

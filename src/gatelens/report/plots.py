@@ -158,15 +158,20 @@ def _save(fig: Figure, path: Path, unit: str = "characters") -> Path:
 
 
 def write_plots(report: dict, out: Path, curves: dict[str, np.ndarray] | None = None,
-                best_step: int | None = None) -> list[Path]:
-    """Every plot that applies to this report, as PNGs under ``out`` (created)."""
+                best_step: int | None = None,
+                arrays: dict[str, np.ndarray] | None = None) -> list[Path]:
+    """Every plot that applies to this report, as PNGs under ``out`` (created); ``arrays``
+    are the per-unit arrays report.json summarises (json_report.report_arrays)."""
     out, unit = Path(out), unit_of(report)
     paths = []
-    units, base = report["units"], (report.get("baseline") or {})
-    if units.get("per_unit"):
+    units, base, arrays = report["units"], (report.get("baseline") or {}), arrays or {}
+    per_unit = units.get("per_unit") or arrays.get("units.per_unit")
+    if per_unit is not None and len(per_unit):
         fig = Figure(figsize=(7, 4))
         b = (base.get("units") or {}).get("per_unit")
-        plot_unit_histogram(fig.subplots(), np.array(units["per_unit"]),
+        if b is None:
+            b = arrays.get("baseline.units.per_unit")
+        plot_unit_histogram(fig.subplots(), np.array(per_unit),
                             None if b is None else np.array(b), units["init_value"],
                             units["gate"])
         paths.append(_save(fig, out / "units_forget_mean.png", unit))

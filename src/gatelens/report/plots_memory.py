@@ -120,9 +120,11 @@ def plot_saturation(ax: Axes, left, right, gate: str) -> None:
     ax.set_title(f"{gate}: {len(lo)} units", fontsize=9)
 
 
-def write_memory_plots(report: dict, out: Path, spectrum=None) -> list[Path]:
-    """The memory plots that apply to report.json (version 3) as PNGs under ``out``;
-    ``spectrum`` (a ``LyapunovSpectrum``) adds the slow modes' loadings."""
+def write_memory_plots(report: dict, out: Path, spectrum=None,
+                       arrays: dict | None = None) -> list[Path]:
+    """The memory plots that apply to report.json as PNGs under ``out``; ``spectrum`` (a
+    ``LyapunovSpectrum``) adds the slow modes' loadings; ``arrays`` are the per-unit arrays
+    report.json summarises at size (json_report.report_arrays)."""
     out, paths, unit = Path(out), [], unit_of(report)
     lyap = report.get("lyapunov")
     if lyap and lyap.get("exponents"):
@@ -154,7 +156,9 @@ def write_memory_plots(report: dict, out: Path, spectrum=None) -> list[Path]:
     if gates:
         fig = Figure(figsize=(3.2 * len(gates), 3.4))
         for ax, g in zip(np.atleast_1d(fig.subplots(1, len(gates))), gates, strict=True):
-            plot_saturation(ax, sat[g]["left"], sat[g]["right"], g)
+            left, right = (sat[g][k] if sat[g][k] is not None else
+                           (arrays or {}).get(f"saturation.{g}.{k}", []) for k in ("left", "right"))
+            plot_saturation(ax, left, right, g)
         paths.append(_save(fig, out / "gate_saturation.png", unit))
     return paths
 

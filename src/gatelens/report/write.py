@@ -19,7 +19,7 @@ from gatelens.errors import GatelensError, write_error
 from gatelens.io import atomic_write_text, replace_dir, temp_dir_beside
 from gatelens.lock import is_lock_or_leftover
 from gatelens.report.html import write_html
-from gatelens.report.json_report import write_report_json
+from gatelens.report.json_report import ARRAYS, report_arrays, write_report_json
 from gatelens.report.markdown import render_markdown
 from gatelens.report.plots import write_plots
 from gatelens.report.plots_memory import write_memory_plots
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 #: What an analysis directory holds; ``write_analysis`` replaces a directory only if it
 #: holds nothing else.
-ANALYSIS_FILES = ("report.json", "report.md", "report.html", "page_data.json", "plots")
+ANALYSIS_FILES = ("report.json", "report.md", "report.html", "page_data.json", "plots",
+                  ARRAYS)
 
 
 def check_analysis_out(out: str | Path) -> None:
@@ -65,10 +66,16 @@ def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> A
     try:
         analysis.out = tmp
         report = analysis.report
+        arrays = report_arrays(analysis)  # what report.json summarises, whole
+        if arrays:
+            from safetensors.numpy import save_file
+
+            save_file(arrays, str(tmp / ARRAYS))
         analysis.plots = write_plots(report, tmp / "plots", analysis.perturbation.curves,
-                                     analysis.best_step) if plots else []
+                                     analysis.best_step, arrays) if plots else []
         if plots:
-            analysis.plots += write_memory_plots(report, tmp / "plots", analysis.lyapunov)
+            analysis.plots += write_memory_plots(report, tmp / "plots", analysis.lyapunov,
+                                                 arrays)
         write_report_json(tmp / "report.json", report)
         atomic_write_text(tmp / "report.md", render_markdown(
             report, [p.relative_to(tmp).as_posix() for p in analysis.plots]))

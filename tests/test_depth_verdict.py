@@ -1,0 +1,82 @@
+"""Verdicts that stay true at depth (readout/depth.py): where float32 says no, the read-out
+is re-judged against the module's own float64 forward, so a correct read-out passes at any
+depth and a wrong one (off by 1e-3 relative in the last layer) fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gatelens
+from gatelens.families.hf_mamba import HFMambaFamily
+
+transformers = pytest.importorskip("transformers")
+
+
+def _mamba(layers: int) -> torch.nn.Module:
+    """A small HF Mamba whose states are large (|s| up to ~5e4 at 24 layers: projections
+    x40), so float32 rounding is large too and an error of 1e-3 relative is not hidden by
+    the scaled rule's floor of 1."""
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(vocab_size=11, hidden_size=8, state_size=4,
+                                   num_hidden_layers=layers, expand=2, conv_kernel=3,
+                                   time_step_rank=2, use_cache=False)
+    m = transformers.MambaModel(cfg).eval()
+    with torch.no_grad():
+        for layer in m.layers:
+            layer.mixer.in_proj.weight.mul_(40)
+            layer.mixer.x_proj.weight.mul_(40)
+    return m
+
+
+@pytest.fixture
+def wrong_last_layer(monkeypatch):
+    """HF Mamba's read-out with the last layer's state off by 1e-3 relative."""
+    step = HFMambaFamily.step_cell
+
+    def off(self, k, m, u, parts, aux):
+        sig, parts, y = step(self, k, m, u, parts, aux)
+        if k == self.num_layers - 1:
+            parts = [parts[0], parts[1] * (1 + 1e-3)]
+        return sig, parts, y
+
+    monkeypatch.setattr(HFMambaFamily, "step_cell", off)
+
+
+def test_float32_rounding_is_rejudged_in_float64() -> None:
+    torch.manual_seed(1)
+    lstm = torch.nn.LSTM(5, 16, num_layers=2, batch_first=True)
+    x = torch.randn(3, 20, 5)
+    plain = gatelens.verify(lstm, x)
+    assert plain.passed and "float64_rejudge" not in plain.meta
+    # a tolerance below float32's rounding: float32 says no, float64 says the read-out is right
+    v = gatelens.verify(lstm, x, tol=1e-10)
+    depth = v.meta["float64_rejudge"]
+    assert depth["float32_one_step"] > 1e-10 >= v.one_step_max_abs_diff_h
+    assert v.passed and "rounding at this depth" in v.explain()
+    assert v.to_report()["float64_rejudge"] == depth
+    assert next(lstm.parameters()).dtype == torch.float32  # the module is left as it was
+
+
+@pytest.mark.parametrize("layers", [2, 24])
+def test_a_correct_read_out_passes_at_depth(layers) -> None:
+    m = _mamba(layers)
+    ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(2))
+    v = gatelens.verify(m, ids)
+    assert v.passed, v.explain()
+    # measured on an Intel Xeon: float32 1.6e-05 at 24 layers (a false FAILED under the
+    # fixed rule), 1.7e-07 against the float64 forward; 2 layers pass in float32 already
+    if "float64_rejudge" in v.meta:
+        assert v.one_step_max_scaled_diff_h <= 1e-5 < v.meta["float64_rejudge"][
+            "float32_one_step"]
+
+
+@pytest.mark.parametrize("layers", [2, 24])
+def test_a_wrong_gate_in_the_last_layer_fails_at_depth(layers, wrong_last_layer) -> None:
+    m = _mamba(layers)
+    ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(2))
+    v = gatelens.verify(m, ids)
+    assert not v.passed
+    assert v.layers[-1].max_scaled_diff_h > 5e-4  # the last layer is the wrong one
+    assert all(r.max_scaled_diff_h <= 1e-5 for r in v.layers[:-1])
+    assert "float64_rejudge" in v.meta and "not rounding" in v.explain()
