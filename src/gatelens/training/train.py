@@ -13,6 +13,7 @@ import math
 import platform
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from gatelens.errors import CheckFailed, GatelensError
 from gatelens.io import atomic_write_json, remove_leftovers
 from gatelens.lock import clear_held, is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
+from gatelens.stops import STOP_SIGNALS, Stopped, may_take, signal_name
 from gatelens.training.checkpoints import (
     HISTORY_FIELDS,
     RESUME,
@@ -165,27 +167,28 @@ def _versions() -> dict:
 
 
 class _StopFlag:
-    """Ctrl-C asks the loop to stop at the next step boundary; a second one aborts."""
+    """Ctrl-C, SIGTERM or SIGHUP (``stops.STOP_SIGNALS``, those ``stops.may_take``) asks the
+    loop to stop at the next step boundary; a second one aborts. ``signum``: the first."""
 
     def __init__(self) -> None:
         self.stop = False
-        self._old = None
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
 
     def __enter__(self) -> _StopFlag:
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:  # not the main thread: no handler, no graceful stop
-            self._old = None
+        if threading.current_thread() is threading.main_thread():  # else no graceful stop
+            self._old = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS
+                         if may_take(s)}
         return self
 
     def _handler(self, signum, frame) -> None:
         if self.stop:
-            raise KeyboardInterrupt
-        self.stop = True
+            raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
+        self.stop, self.signum = True, signum
 
     def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for s, h in self._old.items():
+            signal.signal(s, h)
 
 
 @dataclass
@@ -195,6 +198,7 @@ class TrainResult:
     best_step: int
     best_val_loss: float
     interrupted: bool
+    signum: int | None = None  # the signal that stopped it (SIGINT, SIGTERM, SIGHUP)
 
 
 class TrainingDiverged(CheckFailed):
@@ -367,8 +371,10 @@ def _train(cfg: TrainConfig | None, out: Path, resume: bool, progress: bool,
             f"{config['steps_done']}, and its best step {config['best']['step']}")
     config["status"] = "interrupted" if interrupted and step < cfg.steps else "done"
     atomic_write_json(out / CONFIG, config)
-    if interrupted and step < cfg.steps:
-        print(f"gatelens: stopped at step {step} of {cfg.steps}; continue with "
+    stopped = interrupted and step < cfg.steps
+    if stopped:
+        by = f" ({signal_name(flag.signum)})" if flag.signum is not None else ""
+        print(f"gatelens: stopped at step {step} of {cfg.steps}{by}; continue with "
               f"`gatelens train --resume --out {out}`", file=sys.stderr)
     return TrainResult(out, step, config["best"]["step"], config["best"]["val_loss"],
-                       interrupted and step < cfg.steps)
+                       stopped, flag.signum if stopped else None)

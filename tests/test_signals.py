@@ -1,0 +1,114 @@
+"""SIGTERM and SIGHUP stop gatelens as Ctrl-C does (issue 26, part 5): ``train`` saves its
+state at the step, marks the run interrupted, releases the lock and exits 128 + the signal
+with one line; ``analyze`` leaves no temporary directory and no half-written analysis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gatelens.cli import main
+from gatelens.lock import LOCK
+from gatelens.stops import Stopped, exit_code, may_take, signals_raise
+from gatelens.training.runs import read_config
+
+
+def _defaults() -> None:
+    """SIGTERM and SIGHUP at their defaults in the child, even under ``nohup``."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _start(argv: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONWARNINGS="error")
+    return subprocess.Popen([sys.executable, "-m", "gatelens.cli", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_defaults)
+
+
+def _wait_for(proc: subprocess.Popen, ready, what: str) -> None:
+    deadline = time.time() + 120
+    while not ready():
+        assert proc.poll() is None and time.time() < deadline, (what, proc.communicate())
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_terminated_train_saves_its_step_and_releases_the_lock(tiny_text, tmp_path, sig,
+                                                                 capsys):
+    args = ["train", "--corpus", str(tiny_text), "--hidden", "16", "--steps", "800",
+            "--batch", "8", "--seq", "32", "--eval-every", "200", "--val-windows", "2",
+            "--quiet"]
+    cut = tmp_path / "cut"
+    proc = _start([*args, "--out", str(cut)])
+    _wait_for(proc, (cut / "checkpoints" / "step-000000.safetensors").exists, "step 0")
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.fail(f"training finished before {sig.name}; make the run longer")
+    assert proc.returncode == 128 + sig, err
+    config = read_config(cut)
+    stopped = config["steps_done"]
+    assert 0 < stopped < 800 and config["status"] == "interrupted"
+    assert err.splitlines() == [f"gatelens: stopped at step {stopped} of 800 ({sig.name}); "
+                                f"continue with `gatelens train --resume --out {cut}`"]
+    assert not (cut / LOCK).exists()
+    # the state at the step, not at the last evaluation: resuming trains the rest only
+    assert main(["train", "--resume", "--out", str(cut), "--quiet", "--steps",
+                 str(stopped + 1)]) == 0
+    assert read_config(cut)["steps_done"] == stopped + 1
+    capsys.readouterr()
+
+
+def test_a_terminated_analyze_leaves_nothing_half_written(tiny_text, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--corpus", str(tiny_text), "--hidden", "24", "--steps", "2",
+                 "--batch", "4", "--seq", "16", "--eval-every", "2", "--val-windows", "2",
+                 "--quiet", "--out", str(run)]) == 0
+    capsys.readouterr()
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    proc = _start(["analyze", str(run), "--windows", "16", "--length", "128",
+                   "--exponents", "all", "--fixed-points"])
+    lines: list[str] = []
+    _wait_for(proc, lambda: lines.append(proc.stderr.readline()) or "tracing" in lines[-1],
+              "the tracing line")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (lines, err)
+    assert err.splitlines()[-1] == "gatelens: interrupted by SIGTERM"
+    assert "Traceback" not in err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # no analysis, no tmp
+
+
+def test_signals_raise_stops_by_sigterm_and_sighup_and_restores_the_handlers():
+    old = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for sig in old:
+            with pytest.raises(Stopped) as got, signals_raise():
+                assert may_take(sig)
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler raises before this ends
+            assert got.value.signum == sig and exit_code(got.value) == 128 + sig
+            assert signal.getsignal(sig) == signal.SIG_DFL  # put back
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path: Path):
+    """nohup ignores SIGHUP: gatelens neither stops on it nor takes the handler over."""
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals_raise():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and not may_take(
+                signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGHUP)  # nothing happens
+    finally:
+        signal.signal(signal.SIGHUP, old)
