@@ -13,9 +13,9 @@ $(STAMP): pyproject.toml
 	# torch pinned to the CPU build that lies on disk (an unpinned torch pulls CUDA, GBs)
 	$(PY) -m pip install --quiet torch==2.13.0
 	# the extras (gatelens[modern]: xlstm, mingru-pytorch, transformers, mambapy;
-	# onnx, keras: the file loaders) with torch
+	# onnx, keras: the file loaders; docs: mkdocs for the site) with torch
 	# held at the same pin, so none of them swaps the CPU build for another
-	$(PY) -m pip install --quiet -e '.[test,study,modern,onnx,keras]' torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test,docs,study,modern,onnx,keras]' torch==2.13.0
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,7 +29,7 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks studies
+	$(VENV)/bin/ruff check src tests benchmarks studies docs/hooks
 
 test: install browser lint
 	$(PY) -m pytest
@@ -42,4 +42,4 @@ bench: install
 	$(PY) benchmarks/bench_modern.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache

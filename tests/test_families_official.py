@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
 from gatelens.errors import GatelensError
-from gatelens.families.spec import gate_names
+from gatelens.families.registry import gate_names
 from official_models import (
     hf_mamba,
     hf_mamba2,
@@ -243,7 +243,7 @@ def _inside(model: torch.nn.Module, run) -> tuple:
 
 @pytest.mark.parametrize("which", ["hf-mamba", "hf-rwkv", "mambapy", "xlstm"])
 def test_opened_inside_their_language_models(which):
-    from gatelens.families.official import output_logits
+    from gatelens.lens.lens import output_logits
 
     ids = torch.randint(0, 11, (2, 10))
     if which == "xlstm":

@@ -21,24 +21,27 @@ from safetensors.torch import load_file
 
 from gatelens.cli import main
 from gatelens.errors import GatelensError
+from gatelens.families.registry import builtin_recipes
 from gatelens.lens.analyze import analyze
 from gatelens.lens.run import load_run
 from gatelens.training.config import TrainConfig
 from gatelens.training.model import matched_hidden, parameter_count
-from gatelens.training.official_model import OFFICIAL_CELLS, PACKAGES
 from gatelens.training.runs import read_config
 from gatelens.training.train import build, model_config, train
 
+#: the official implementations' --cell names and (import name, PyPI name) of their packages
+OFFICIAL_CELLS = tuple(n for n, r in builtin_recipes().items() if r.official)
+PACKAGES = {n: builtin_recipes()[n].package for n in OFFICIAL_CELLS}
 SIZES = {"xlstm-slstm": {"hidden": 8, "heads": 2, "layers": 2},
          "xlstm-mlstm": {"hidden": 8, "heads": 2, "layers": 2},
-         "mingru-lm": {"hidden": 8, "layers": 2}, "hf-mamba": {"hidden": 8, "layers": 2},
+         "mingru-pytorch": {"hidden": 8, "layers": 2}, "hf-mamba": {"hidden": 8, "layers": 2},
          "hf-mamba2": {"hidden": 8, "layers": 2}, "hf-rwkv": {"hidden": 8, "layers": 2},
          "mambapy": {"hidden": 8, "layers": 2}}
 SMALL = {"steps": 4, "seq": 16, "batch": 4, "eval_every": 2, "val_windows": 2}
 #: where each package's module keeps a tensor of its recurrence (its own name, under rnn.)
 OWN_NAME = {"xlstm-slstm": "rnn.blocks.0.xlstm.slstm_cell._recurrent_kernel_",
             "xlstm-mlstm": "rnn.blocks.1.xlstm.mlstm_cell.fgate.weight",
-            "mingru-lm": "rnn.layers.0.2.to_hidden_and_gate.weight",
+            "mingru-pytorch": "rnn.layers.0.2.to_hidden_and_gate.weight",
             "hf-mamba": "rnn.layers.1.mixer.A_log", "hf-mamba2": "rnn.layers.0.mixer.A_log",
             "hf-rwkv": "rnn.blocks.1.attention.time_decay", "mambapy": "rnn.layers.1.mixer.A_log"}
 
@@ -127,12 +130,14 @@ def test_resume_is_exact_and_sampling_reads_the_text(runs, tmp_path):
 
 
 def test_cli_trains_an_official_cell(runs, tmp_path, capsys):
-    corpus = read_config(runs["mingru-lm"])["train"]["corpus"]
+    corpus = read_config(runs["mingru-pytorch"])["train"]["corpus"]
     argv = ["train", "--cell", "mingru-lm", "--corpus", corpus, "--hidden", "8", "--steps",
             "2", "--batch", "2", "--seq", "16", "--eval-every", "2", "--val-windows", "2",
             "--quiet", "--out", str(tmp_path / "r")]
     assert main(argv) == 0
     assert read_config(tmp_path / "r")["model"]["official"]["expansion"] == 1.5
+    # the earlier --cell name is an alias: the run records the family's one name
+    assert read_config(tmp_path / "r")["model"]["cell"] == "mingru-pytorch"
 
 
 @pytest.mark.parametrize("settings, says", [

@@ -20,9 +20,10 @@ from gatelens.analysis import (
 from gatelens.analysis.measure import Baseline
 from gatelens.io import atomic_write_json
 from gatelens.readout.verify import VerifyResult
-from gatelens.report.json_report import build_report, read_history, schema
+from gatelens.report.json_report import build_report, schema
 from gatelens.report.markdown import render_markdown
 from gatelens.report.plots import write_plots
+from gatelens.training.runs import read_history
 
 STATS = {"mean": 0.5, "p5": 0.1, "p25": 0.3, "p50": 0.5, "p75": 0.7, "p95": 0.9}
 

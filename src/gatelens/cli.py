@@ -20,9 +20,23 @@ from gatelens.errors import (
     seed_int,
     windows_count,
 )
-from gatelens.families.spec import FAMILIES, layer_name
+from gatelens.families.registry import recipes
+from gatelens.families.spec import layer_name
 from gatelens.stops import Stopped, exit_code, signal_name, signals_raise
-from gatelens.training.config import BIAS_INITS, CELL_NAMES, OPTIMIZER_NAMES, TrainConfig
+from gatelens.studies.seed_compare import CELLS as SEED_COMPARE_CELLS
+from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
+
+
+class CellChoices(tuple):
+    """``--cell``'s choices: the families' names, an earlier name (an alias) accepted too."""
+
+    def __new__(cls, cells: dict):
+        out = super().__new__(cls, cells)
+        out.aliases = {a for r in cells.values() for a in r.aliases}
+        return out
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or name in self.aliases
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,14 +49,19 @@ def _add_train(sub) -> None:
     d = TrainConfig()
     p.add_argument("--corpus", help="built-in name (shakespeare, recall[:gap=LO-HI,seed=S,"
                    f"chars=N,…], brackets[:depth=D,…]) or UTF-8 text file (default {d.corpus})")
-    p.add_argument("--cell", choices=CELL_NAMES, help=f"default {d.cell}; xlstm-slstm, "
-                   "xlstm-mlstm, mingru-lm, hf-mamba, hf-mamba2, hf-rwkv, mambapy: the official "
-                   "implementations, --hidden their width (pip install 'gatelens[modern]')")
+    cells = recipes()
+    official = ", ".join(n for n, r in cells.items() if r.official)
+    p.add_argument("--cell", choices=CellChoices(cells), metavar="CELL",
+                   help=f"default {d.cell}; one of {', '.join(cells)}. {official}: the "
+                   "official implementations, --hidden their width (pip install "
+                   "'gatelens[modern]')")
     p.add_argument("--hidden", type=positive_int, help=f"units per layer (default {d.hidden})")
     p.add_argument("--layers", type=positive_int, help=f"default {d.layers}")
     p.add_argument("--embed", type=positive_int, help="embedding size (default: one-hot)")
-    p.add_argument("--nonlinearity", choices=["tanh", "relu"], help="plain RNN only")
-    p.add_argument("--heads", type=positive_int, help="sLSTM only: recurrent heads (default 1)")
+    p.add_argument("--nonlinearity", choices=["tanh", "relu"], help="plain RNN only (tanh or relu)")
+    heads = ", ".join(n for n, r in cells.items() if r.takes("heads"))
+    p.add_argument("--heads", type=positive_int,
+                   help=f"{heads} only: recurrent heads (default 1)")
     p.add_argument("--steps", type=positive_int, help=f"default {d.steps}")
     p.add_argument("--batch", type=positive_int, help=f"default {d.batch}")
     p.add_argument("--seq", type=positive_int, help=f"default {d.seq}")
@@ -60,8 +79,9 @@ def _add_train(sub) -> None:
                         "head keeps PyTorch's)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--forget-bias", type=finite_float, metavar="B",
-                   help="forget gate's total bias (GRU: z; minGRU: 1 − z; minLSTM, sLSTM: f) "
-                        "in every unit")
+                   help="the keep gate's total bias in every unit, for "
+                        f"{', '.join(n for n, r in cells.items() if r.takes('keep'))} (each "
+                        "family's keep gate: LSTM f, GRU z ...)")
     g.add_argument("--chrono", type=finite_float, metavar="TMAX",
                    help="chrono initialisation (TMAX above 2)")
     p.add_argument("--eval-every", type=positive_int, help=f"default {d.eval_every}")
@@ -263,7 +283,7 @@ def _add_reproduce(sub) -> None:
                    help="train every cell with seeds 0 … N−1 and report the spread (default 1)")
     p.add_argument("--cells", default="lstm,gru,rnn", metavar="LIST",
                    help="comma-separated cells to train and compare (default lstm,gru,rnn; "
-                        f"any of {','.join(FAMILIES)})")
+                        f"any of {','.join(SEED_COMPARE_CELLS)})")
     p.add_argument("--forget-bias", type=float, default=None, metavar="B", dest="forget_bias",
                    help="also train the LSTM with total forget bias B and set it beside the "
                         "plain one (the seed's forget-bias claim; ~2 more minutes)")

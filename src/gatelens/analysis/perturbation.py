@@ -157,8 +157,8 @@ def decay_rows(trace: Trace, perturbed: Trace, position: int,
                          f"{s.shape[1]}")
     delta = s2.double() - s.double()  # (B, T, S)
     keep = delta[:, position].norm(dim=-1) > 0  # (B,)
-    out = "h" if "h" in trace.spec.signals else "y"  # Mamba, RWKV: the layer's output y
-    h, h2 = (pooled(t, out) for t in (trace, perturbed))  # (B, T, H_out)
+    # the layer's output: h, or y where the cell's output is not its state (Mamba, RWKV)
+    h, h2 = (pooled(t, trace.spec.output) for t in (trace, perturbed))  # (B, T, H_out)
     rows = {"measured": _ratio_rows(delta, position, keep),
             "measured_h": _ratio_rows(h2.double() - h.double(), position, keep)}
     out = {"rows": rows, "residual": None, "state": trace.state_name}

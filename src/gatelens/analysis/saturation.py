@@ -28,7 +28,8 @@ import torch
 
 from gatelens.analysis.common import pooled
 from gatelens.errors import GatelensError
-from gatelens.families.spec import SIGMOID, CellSpec, cell_spec
+from gatelens.families.registry import cell_spec
+from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.readout.trace_types import Trace
 
 LEFT, RIGHT = 0.1, 0.9

@@ -28,7 +28,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gatelens.families.spec import cell_of_mode
+#: the trace cell of each ATen ``module.mode`` of PyTorch's recurrent modules
+MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def cell_weights(module: nn.RNNBase, layer: int = 0, reverse: bool = False,
     >>> w.cell, tuple(w.w_ih.shape), w.hidden_size
     ('gru', (9, 2), 3)
     """
-    cell = cell_of_mode(module.mode) if isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) else None
+    cell = MODES.get(module.mode) if isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) else None
     if cell is None:
         raise TypeError(f"cell_weights takes an nn.LSTM, nn.GRU or nn.RNN; "
                         f"got {type(module).__name__}")

@@ -254,16 +254,3 @@ class SLSTM(ModernRNN):
             h, s, m, n = (sig[f"{layer_name(k)}.{x}"] for x in ("h", "s", "m", "n"))
             out += [h, s, m + torch.log(n)]  # (B, T, H)
         return out
-
-
-#: ``--cell`` family -> module class.
-MODERN = {"mingru": MinGRU, "minlstm": MinLSTM, "slstm": SLSTM}
-
-
-def is_modern(module: object) -> bool:
-    """Whether ``module`` is one of gatelens's own cells (traced by construction).
-
-    >>> is_modern(MinLSTM(2, 3)), is_modern(torch.nn.GRU(2, 3))
-    (True, False)
-    """
-    return bool(getattr(module, "gatelens_modern", False))

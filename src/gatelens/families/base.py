@@ -38,7 +38,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from gatelens.families.spec import CellSpec, gate_names
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import CellSpec, names_of
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,14 @@ class Family(abc.ABC):
     name: ClassVar[str] = ""
     #: a reader's description of what the family opens
     opens_what: ClassVar[str] = ""
+    #: the CellSpec of every cell this family opens (``registry.cell_spec`` finds them)
+    specs: ClassVar[tuple[CellSpec, ...]] = ()
+    #: how ``gatelens train --cell NAME`` builds this kind of module (families/recipe.py);
+    #: None for a family that is opened but not trained
+    recipe: ClassVar[Recipe | None] = None
+    #: every call of the module is one step of the recurrence (a cell stepped by the
+    #: caller), so a forward's calls are stitched into trajectories (readout/stitch.py)
+    stepped: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
@@ -189,11 +198,11 @@ class Family(abc.ABC):
 
     def names(self) -> list[str]:
         """The exact trace names, in order."""
-        return gate_names(self.cell, self.num_layers, self.bidirectional, proj=self.proj)
+        return names_of(self.spec, self.num_layers, self.bidirectional, proj=self.proj)
 
     def describe(self) -> dict:
         """report.json's "model" facts of this module."""
-        return {"cell": self.spec.family, "family": self.name, "hidden": self.hidden_size,
+        return {"cell": self.spec.kind, "family": self.name, "hidden": self.hidden_size,
                 "layers": self.num_layers}
 
     # ---- a call ----------------------------------------------------------------------
@@ -202,6 +211,16 @@ class Family(abc.ABC):
         inputs = args[0] if args else kwargs.get("input", kwargs.get("x"))
         state = args[1] if len(args) > 1 else kwargs.get("hx", kwargs.get("state"))
         return inputs, state
+
+    def step_call(self, inputs: Any) -> bool:
+        """Whether a call with these inputs is one step, to be stitched with the calls
+        around it (every call of a ``stepped`` family; an nn.LSTM call with T = 1)."""
+        return self.stepped
+
+    def step_of(self, inputs: Any, state: Any, output: Any) -> Any:
+        """One step call as a ``families.stepped.Step`` (its input, the state it received
+        and returned, as (L, B, ·) parts); a family whose calls can be one step says how."""
+        raise NotImplementedError(f"{type(self).__name__} does not stitch one-step calls")
 
     @abc.abstractmethod
     def check(self, inputs: Any, state: Any = None) -> Call:

@@ -20,7 +20,17 @@ from gatelens.cells.equations import cell_weights, step
 from gatelens.cells.names import layer_name
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.lstm import input_projection, one_hot_ids
+from gatelens.families.spec import SIGMOID, TANH, CellSpec
 from gatelens.families.torch_rnn import TorchRNNFamily, max_diff, previous
+from gatelens.families.torch_train import torch_recipe
+
+#: a reader's names of the GRU's gates
+GRU_NAMES = {"r": "reset", "z": "update (keep)", "n": "new"}
+GRU = CellSpec(
+    name="gru", kind="gru", mode="GRU", chunks=("r", "z", "n"),
+    signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
+    state="h", candidate="n", bounds={"r": SIGMOID, "z": SIGMOID, "n": TANH},
+    display=GRU_NAMES)
 
 
 def recurrent_projection(h: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor | None,
@@ -74,6 +84,8 @@ class GRUFamily(TorchFamilyNoCell):
     name = "gru"
     opens_what = "nn.GRU"
     module_class = nn.GRU
+    specs = (GRU,)
+    recipe = torch_recipe("gru", nn.GRU, specs, "GRU z", "PyTorch's nn.GRU")
 
     def gates(self, xw: Tensor, hw: Tensor) -> dict[str, Tensor]:
         xr, xz, xn = xw.chunk(3, dim=-1)  # (T, B, H) each

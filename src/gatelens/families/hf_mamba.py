@@ -35,8 +35,51 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
 from gatelens.families.official import OfficialFamily, Recorder, buffer_units
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, CellSpec
 
 _HF = "transformers.models.mamba.modeling_mamba"
+
+#: Mamba's cell (hf-mamba, mambapy): y is the layer's output; the keep exp(Δ·A) scales
+#: each (channel, state) pair of s
+MAMBA = CellSpec(
+    name="mamba", kind="mamba", chunks=("delta", "B", "C"),
+    signals=("delta", "a", "s", "y"), gates=("a",), keep_gate="a", input_gate=None,
+    state="s", output="y", bounds={"a": SIGMOID},
+    display={"a": "keep exp(Δ·A) per (channel, state)", "delta": "step Δ"})
+
+
+def hf_model(model: str, config: str, **kwargs: object) -> nn.Module:
+    """transformers' ``model`` class built from its ``config`` class with ``kwargs``
+    (random weights), its notes on the missing fast CUDA kernels silenced."""
+    import transformers
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    return getattr(transformers, model)(getattr(transformers, config)(use_cache=False,
+                                                                      **kwargs))
+
+
+def hf_forward(module: nn.Module, ids: Tensor) -> Tensor:
+    """An HF backbone's hidden states (B, T, d) of token ids (B, T)."""
+    return module(input_ids=ids, use_cache=False).last_hidden_state
+
+
+def _build_mamba(n_in: int, hidden: int, layers: int, *, vocab_size: int, settings: dict,
+                 **_: object) -> nn.Module:
+    return hf_model("MambaModel", "MambaConfig", vocab_size=vocab_size, hidden_size=hidden,
+                    num_hidden_layers=layers, **settings)
+
+
+#: ``--cell hf-mamba``: state 16, expand 2, conv 4; use_mambapy is transformers' own CPU
+#: training path, mambapy's parallel scan (its default sequential loop backpropagates
+#: through 128 slices of one (B, d, T, N) tensor, each writing a zero copy of it: 178x the
+#: LSTM's step, BENCHMARKS.md)
+MAMBA_RECIPE = Recipe(
+    "hf-mamba", "transformers' MambaModel (Mamba-1; it embeds the ids itself)", _build_mamba,
+    reads="ids", flags=frozenset(), package=("transformers", "transformers"),
+    settings={"state_size": 16, "expand": 2, "conv_kernel": 4, "use_mambapy": True},
+    keep_words="Mamba exp(Δ·A)", forward=hf_forward)
 
 
 def hf_check(fam: OfficialFamily, inputs, state) -> Call:
@@ -64,6 +107,7 @@ class MambaCell(OfficialFamily):
     out_proj; subclasses say where the mixers are and how the module steps."""
 
     cell_name = "mamba"
+    specs = (MAMBA,)
     units_name = "(channel, state) pair"
 
     @abc.abstractmethod
@@ -145,6 +189,7 @@ class HFMambaFamily(MambaCell):
 
     name = "hf-mamba"
     opens_what = "transformers' MambaModel / MambaForCausalLM (Mamba-1)"
+    recipe = MAMBA_RECIPE
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

@@ -28,8 +28,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gatelens.families.hf_mamba import HFMambaFamily
+from gatelens.families.hf_mamba import HFMambaFamily, hf_forward, hf_model
 from gatelens.families.official import buffer_units
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, CellSpec
+
+MAMBA2 = CellSpec(
+    name="mamba2", kind="mamba2", chunks=("delta", "B", "C"),
+    signals=("delta", "a", "s", "y"), gates=("a",), keep_gate="a", input_gate=None,
+    state="s", output="y", bounds={"a": SIGMOID},
+    display={"a": "keep exp(Δ·A) per head", "delta": "step Δ per head"})
+_SETTINGS = {"state_size": 16, "expand": 2, "head_dim": 16, "n_groups": 1, "conv_kernel": 4,
+             "chunk_size": 64}
+
+
+def _build_mamba2(n_in: int, hidden: int, layers: int, *, vocab_size: int, settings: dict,
+                  **_: object) -> nn.Module:
+    heads = settings["expand"] * hidden // settings["head_dim"]
+    return hf_model("Mamba2Model", "Mamba2Config", vocab_size=vocab_size, hidden_size=hidden,
+                    num_heads=heads, num_hidden_layers=layers, **settings)
+
+
+#: ``--cell hf-mamba2``: state 16, expand 2, head_dim 16, 1 group; --hidden a multiple of
+#: head_dim / expand, so the heads fill the inner width
+MAMBA2_RECIPE = Recipe(
+    "hf-mamba2", "transformers' Mamba2Model (Mamba-2; it embeds the ids itself)",
+    _build_mamba2, reads="ids", flags=frozenset(), package=("transformers", "transformers"),
+    settings=_SETTINGS, multiple=lambda heads: _SETTINGS["head_dim"] // _SETTINGS["expand"],
+    keep_words="Mamba-2 exp(Δ·A) a head", forward=hf_forward)
 
 _HF = "transformers.models.mamba2.modeling_mamba2"
 
@@ -40,6 +66,8 @@ class HFMamba2Family(HFMambaFamily):
     name = "hf-mamba2"
     opens_what = "transformers' Mamba2Model / Mamba2ForCausalLM (Mamba-2)"
     cell_name = "mamba2"
+    specs = (MAMBA2,)
+    recipe = MAMBA2_RECIPE
     units_name = "head"
 
     @classmethod

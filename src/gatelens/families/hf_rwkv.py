@@ -35,10 +35,43 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.families.base import Call
-from gatelens.families.hf_mamba import hf_check, hf_split
+from gatelens.families.hf_mamba import hf_check, hf_forward, hf_model, hf_split
 from gatelens.families.official import OfficialFamily, Recorder
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, CellSpec
 
 _HF = "transformers.models.rwkv.modeling_rwkv"
+
+RWKV4 = CellSpec(
+    name="rwkv4", kind="rwkv", chunks=("k", "v", "r"),
+    signals=("r", "k", "v", "keep", "s", "wkv", "y"), gates=("r", "keep"),
+    keep_gate="keep", input_gate=None, state="s", output="y",
+    bounds={"r": SIGMOID, "keep": SIGMOID},
+    display={"keep": "keep e^{−w} per channel", "s": "state (num, den)",
+             "wkv": "num/den read-out"})
+
+
+def _build_rwkv(n_in: int, hidden: int, layers: int, *, vocab_size: int, settings: dict,
+                **_: object) -> nn.Module:
+    return hf_model("RwkvModel", "RwkvConfig", vocab_size=vocab_size, hidden_size=hidden,
+                    num_hidden_layers=layers, attention_hidden_size=hidden,
+                    intermediate_size=settings["intermediate_factor"] * hidden,
+                    context_length=settings["context_length"])
+
+
+def _check_rwkv(hidden: int, layers: int, heads: int) -> str | None:
+    if layers < 2:
+        return ("--cell hf-rwkv needs --layers 2 or more (transformers 5.23 cannot build a "
+                "one-layer RWKV: ZeroDivisionError in its _init_weights)")
+    return None
+
+
+#: ``--cell hf-rwkv``: RWKV-4 with an FFN of 4 d, two layers at least
+RWKV_RECIPE = Recipe(
+    "hf-rwkv", "transformers' RwkvModel (RWKV-4; --layers 2 or more)", _build_rwkv,
+    reads="ids", flags=frozenset(), package=("transformers", "transformers"),
+    settings={"intermediate_factor": 4, "context_length": 2048}, check=_check_rwkv,
+    keep_words="RWKV-4 e^(−w)", forward=hf_forward)
 
 
 class HFRwkvFamily(OfficialFamily):
@@ -47,6 +80,8 @@ class HFRwkvFamily(OfficialFamily):
     name = "hf-rwkv"
     opens_what = "transformers' RwkvModel / RwkvForCausalLM (RWKV-4)"
     cell_name = "rwkv4"
+    specs = (RWKV4,)
+    recipe = RWKV_RECIPE
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

@@ -31,7 +31,17 @@ from gatelens.cells.equations import cell_weights, step
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
+from gatelens.families.spec import SIGMOID, TANH, CellSpec
 from gatelens.families.torch_rnn import TorchRNNFamily, like, max_diff, previous
+from gatelens.families.torch_train import torch_recipe
+
+#: a reader's names of the LSTM's gates
+LSTM_NAMES = {"i": "input", "f": "forget", "g": "candidate", "o": "output"}
+LSTM = CellSpec(
+    name="lstm", kind="lstm", mode="LSTM", chunks=("i", "f", "g", "o"),
+    signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
+    keep_gate="f", input_gate="i", state="c",
+    bounds={"i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "g": TANH}, display=LSTM_NAMES)
 
 
 def one_hot_ids(x: Tensor) -> Tensor | None:
@@ -92,6 +102,8 @@ class LSTMFamily(TorchRNNFamily):
     name = "lstm"
     opens_what = "nn.LSTM"
     module_class = nn.LSTM
+    specs = (LSTM,)
+    recipe = torch_recipe("lstm", nn.LSTM, specs, "LSTM f", "PyTorch's nn.LSTM (the seed's cell)")
     state_parts: ClassVar[tuple[str, ...]] = ("h", "c")
 
     def read(self, call: Call, ref: Reference) -> Readout:

@@ -28,6 +28,20 @@ from torch import Tensor, nn
 
 from gatelens.families.base import Call
 from gatelens.families.hf_mamba import MambaCell
+from gatelens.families.recipe import Recipe
+
+
+def _build(n_in: int, hidden: int, layers: int, *, settings: dict, **_: object) -> nn.Module:
+    from mambapy.mamba import Mamba, MambaConfig
+
+    return Mamba(MambaConfig(d_model=hidden, n_layers=layers, **settings))
+
+
+#: ``--cell mambapy``: state 16, expand 2, conv 4, between an embedding and a head
+MAMBAPY_RECIPE = Recipe(
+    "mambapy", "mambapy's Mamba (Mamba-1 in pure PyTorch)", _build, reads="embedded",
+    flags=frozenset(), package=("mambapy", "mambapy"),
+    settings={"d_state": 16, "d_conv": 4, "expand_factor": 2}, keep_words="Mamba exp(Δ·A)")
 
 
 class MambapyFamily(MambaCell):
@@ -35,6 +49,7 @@ class MambapyFamily(MambaCell):
 
     name = "mambapy"
     opens_what = "mambapy's Mamba (the stack inside MambaLM)"
+    recipe = MAMBAPY_RECIPE
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

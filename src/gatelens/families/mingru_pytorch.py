@@ -35,8 +35,38 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
 from gatelens.families.official import OfficialFamily, Recorder
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, CellSpec
 
 _PKG = "minGRU_pytorch"
+
+MINGRU_PT_GRU = CellSpec(
+    name="mingru_pt_gru", kind="mingru-pytorch", chunks=("cand", "z"),
+    signals=("z", "cand", "keep", "h", "y"), gates=("z", "keep"), keep_gate="keep",
+    input_gate=None, state="h", candidate="cand", bounds={"z": SIGMOID, "keep": SIGMOID},
+    display={"keep": "keep 1 − z", "cand": "candidate g(h̃)"})
+MINGRU_PT_LSTM = CellSpec(
+    name="mingru_pt_lstm", kind="mingru-pytorch", chunks=("cand", "f", "i"),
+    signals=("f", "i", "cand", "keep", "h", "y"), gates=("f", "i", "keep"),
+    keep_gate="keep", input_gate="i", state="h", candidate="cand",
+    bounds={"f": SIGMOID, "i": SIGMOID, "keep": SIGMOID},
+    display={"keep": "keep f′ = f/(f + i)", "cand": "candidate g(h̃)"})
+
+
+def _build_minlm(n_in: int, hidden: int, layers: int, *, vocab_size: int, settings: dict,
+                 **_: object) -> nn.Module:
+    from minGRU_pytorch.minLM import minLM
+
+    return minLM(num_tokens=vocab_size, dim=hidden, depth=layers, **settings)
+
+
+#: ``--cell mingru-pytorch`` (earlier ``mingru-lm``): the package's whole minLM (minGRU,
+#: expansion 1.5, FFN 4); its own embedding and head (token_emb, to_logits) stand for ours
+MINLM_RECIPE = Recipe(
+    "mingru-pytorch", "mingru-pytorch's minLM of minGRU layers (its own embedding and head)",
+    _build_minlm, reads="lm", flags=frozenset(), package=(_PKG, "mingru-pytorch"),
+    settings={"ff_mult": 4, "expansion": 1.5, "use_lstm": False},
+    keep_words="mingru-pytorch's minGRU 1 − z", aliases=("mingru-lm",))
 
 
 def _is(module: nn.Module, file: str, name: str) -> bool:
@@ -54,6 +84,8 @@ class MinGRUPytorchFamily(OfficialFamily):
 
     name = "mingru-pytorch"
     opens_what = "mingru-pytorch's minGRU, minLSTM and minLM (lucidrains, 0.2.1)"
+    specs = (MINGRU_PT_GRU, MINGRU_PT_LSTM)
+    recipe = MINLM_RECIPE
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

@@ -27,7 +27,57 @@ from torch import Tensor, nn
 
 from gatelens.cells.modern import SLSTM, MinGRU, MinLSTM, ModernRNN
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
-from gatelens.families.spec import CellSpec, cell_spec, layer_name
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, TANH, CellSpec, layer_name
+
+# y is the block's output, the next layer's input.
+MINGRU = CellSpec(
+    name="mingru", kind="mingru", chunks=("z", "cand"),
+    signals=("z", "cand", "keep", "h", "y"), gates=("z", "keep"), keep_gate="keep",
+    input_gate=None, state="h", candidate="cand", bounds={"z": SIGMOID, "keep": SIGMOID},
+    display={"keep": "keep (the state's retention)", "cand": "candidate h̃"})
+MINLSTM = CellSpec(
+    name="minlstm", kind="minlstm", chunks=("f", "i", "cand"),
+    signals=("f", "i", "cand", "keep", "h", "y"), gates=("f", "i", "keep"),
+    keep_gate="keep", input_gate="i", state="h", candidate="cand",
+    bounds={"f": SIGMOID, "i": SIGMOID, "keep": SIGMOID}, display={"cand": "candidate h̃"})
+SLSTM_SPEC = CellSpec(
+    name="slstm", kind="slstm", chunks=("z", "i", "f", "o"),
+    signals=("z", "i", "f", "o", "c", "n", "m", "kappa", "s", "h", "y"),
+    gates=("z", "i", "f", "o", "kappa"), keep_gate="kappa", input_gate="i", state="s",
+    candidate="z",
+    bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
+            "s": TANH, "h": TANH},
+    display={"kappa": "keep κ = f n / n'", "s": "state c/n"})
+
+
+@torch.no_grad()
+def keep_bias(rnn: nn.Module, draw, chrono: bool) -> None:
+    """``Recipe.keep_init`` of a gatelens cell, b = draw(H) per layer: minGRU b_z = −b
+    (keep 1 − z = σ(−z̃) starts at σ(b)); minLSTM b_f = b, b_i = −b (f* = σ(b)/(σ(b) +
+    σ(−b)) = σ(b) before the weights act); sLSTM b_f = b (its forget gate; κ has no bias
+    of its own), with chrono b_i = −b too."""
+    for layer in range(rnn.num_layers):
+        b_f = draw(rnn.hidden_size).to(rnn.weight_ih_l0.dtype)
+        if rnn.cell == "mingru":
+            rnn.bias_of(layer, "z").copy_(-b_f)
+            continue
+        rnn.bias_of(layer, "f").copy_(b_f)
+        if rnn.cell == "minlstm" or chrono:
+            rnn.bias_of(layer, "i").copy_(-b_f)
+
+
+def modern_recipe(name: str, cls: type, keep_words: str, help: str,
+                  has_heads: bool = False) -> Recipe:
+    """The recipe of a gatelens cell: one-hot or embedded characters in, its state
+    carried; ``--heads`` for the sLSTM (blocks of its recurrent weights)."""
+
+    def build(n_in: int, hidden: int, layers: int, *, heads: int = 1, **_: object):
+        return cls(n_in, hidden, num_layers=layers, **({"heads": heads} if has_heads else {}))
+
+    flags = {"embed", "bias_init", "keep"} | ({"heads"} if has_heads else set())
+    return Recipe(name, help, build, flags=frozenset(flags), keep_init=keep_bias,
+                  keep_words=keep_words)
 
 
 def _scale(ref: Tensor) -> Tensor:
@@ -59,7 +109,7 @@ class ModernFamily(Family):
 
     @property
     def spec(self) -> CellSpec:
-        return cell_spec(self.module.cell)
+        return self.specs[0]
 
     @property
     def num_layers(self) -> int:
@@ -179,11 +229,20 @@ class ModernFamily(Family):
 
 class MinGRUFamily(ModernFamily):
     name, opens_what, module_class = "mingru", "gatelens's MinGRU", MinGRU
+    specs = (MINGRU,)
+    recipe = modern_recipe("mingru", MinGRU, "minGRU 1 − z",
+                           "gatelens's minGRU (Feng et al. 2024)")
 
 
 class MinLSTMFamily(ModernFamily):
     name, opens_what, module_class = "minlstm", "gatelens's MinLSTM", MinLSTM
+    specs = (MINLSTM,)
+    recipe = modern_recipe("minlstm", MinLSTM, "minLSTM f* = f/(f + i)",
+                           "gatelens's minLSTM (Feng et al. 2024)")
 
 
 class SLSTMFamily(ModernFamily):
     name, opens_what, module_class = "slstm", "gatelens's SLSTM", SLSTM
+    specs = (SLSTM_SPEC,)
+    recipe = modern_recipe("slstm", SLSTM, "sLSTM κ",
+                           "gatelens's sLSTM (Beck et al. 2024; --heads)", has_heads=True)

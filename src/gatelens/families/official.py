@@ -39,9 +39,9 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
-from gatelens.families.spec import cell_spec, gate_names
+from gatelens.families.spec import names_of
 
-__all__ = ["OfficialFamily", "Recorder", "scaled_diff", "output_logits"]
+__all__ = ["OfficialFamily", "Recorder", "scaled_diff"]
 
 
 def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
@@ -52,24 +52,6 @@ def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
     diff = (got.double() - ref.double()).abs()
     scale = ref.double().abs().amax(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1, ·)
     return float(diff.max()), float((diff / scale).max())
-
-
-def output_logits(output: Any) -> Tensor | None:
-    """The logits of a model's output: a Tensor, a tuple's first Tensor, or an HF
-    ModelOutput's ``.logits`` (else its ``last_hidden_state``).
-
-    >>> output_logits((torch.ones(1, 2, 3), None)).shape
-    torch.Size([1, 2, 3])
-    """
-    if isinstance(output, Tensor):
-        return output
-    for key in ("logits", "last_hidden_state"):
-        value = getattr(output, key, None)
-        if isinstance(value, Tensor):
-            return value
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    return None
 
 
 class Recorder:
@@ -108,7 +90,7 @@ class Recorder:
 class OfficialFamily(Family, abc.ABC):
     """A stack of blocks around one recurrent cell each (see the module docstring)."""
 
-    #: the trace cell name in ``families.spec.CELLS``
+    #: the trace cell name, one of ``specs``' names
     cell_name: str = ""
     #: whether a step reads ``aux`` from the module's trajectory (xlstm's stabiliser m)
     uses_aux: bool = False
@@ -116,10 +98,10 @@ class OfficialFamily(Family, abc.ABC):
     # ---- facts ---------------------------------------------------------------------
     @property
     def spec(self):
-        return cell_spec(self.cell_name)
+        return next(s for s in self.specs if s.name == self.cell_name)
 
     def names(self) -> list[str]:
-        return gate_names(self.cell_name, self.num_layers)
+        return names_of(self.spec, self.num_layers)
 
     def describe(self) -> dict:
         return {**super().describe(), "implementation": type(self.module).__module__ + "."

@@ -13,6 +13,15 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gatelens.families.gru import TorchFamilyNoCell
+from gatelens.families.spec import TANH, CellSpec
+from gatelens.families.torch_train import torch_recipe
+
+RNN_TANH = CellSpec(
+    name="rnn_tanh", kind="rnn", mode="RNN_TANH", chunks=("pre",), signals=("pre", "h"),
+    gates=(), keep_gate=None, input_gate=None, state="h", bounds={"h": TANH})
+RNN_RELU = CellSpec(
+    name="rnn_relu", kind="rnn", mode="RNN_RELU", chunks=("pre",), signals=("pre", "h"),
+    gates=(), keep_gate=None, input_gate=None, state="h")
 
 
 class RNNFamily(TorchFamilyNoCell):
@@ -21,6 +30,9 @@ class RNNFamily(TorchFamilyNoCell):
     name = "rnn"
     opens_what = "nn.RNN (tanh or relu)"
     module_class = nn.RNN
+    specs = (RNN_TANH, RNN_RELU)
+    recipe = torch_recipe("rnn", nn.RNN, specs, "", "PyTorch's nn.RNN (--nonlinearity tanh "
+                          "or relu; no keep gate)", nonlinearity=True)
 
     def gates(self, xw: Tensor, hw: Tensor) -> dict[str, Tensor]:
         return {"pre": xw + hw}

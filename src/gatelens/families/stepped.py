@@ -156,3 +156,53 @@ def stack_steps(parts: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
     [(1, 2, 4, 3)]
     """
     return tuple(torch.stack([p[j] for p in parts], dim=2) for j in range(len(parts[0])))
+
+
+@dataclass
+class Step:
+    """One call of one step, as a stitcher records it (``Family.step_of``).
+
+    Attributes:
+        x: the step's input (B, F).
+        given: the state the call received as (L, B, ·) parts, None when it had none.
+        out: the state the call returned as (L, B, ·) parts.
+        returned: the returned state's own tensors (to tell the next call handed them back).
+        received: the received state's own tensors (None when none).
+        unbatched: whether the call was unbatched.
+    """
+
+    x: Tensor
+    given: tuple[Tensor, ...] | None
+    out: tuple[Tensor, ...]
+    returned: tuple[Tensor, ...]
+    received: tuple[Tensor, ...] | None
+    unbatched: bool
+
+
+def as_parts(value: Any, cell: bool, unbatched: bool) -> tuple[Tensor, ...]:
+    """A state (h, or (h, c)) as (L, B, ·) parts: a cell's (B, H) gets L = 1, an unbatched
+    one (H,) or (L, H) gets B = 1."""
+    parts = value if isinstance(value, tuple) else (value,)
+    out = []
+    for p in parts:
+        if cell:
+            p = p.reshape(1, 1, -1) if unbatched else p.unsqueeze(0)
+        elif unbatched:
+            p = p.unsqueeze(1)
+        out.append(p)
+    return tuple(out)
+
+
+def torch_step(inputs: Tensor, state: Any, output: Any, *, cell: bool,
+               batch_first: bool = False) -> Step:
+    """A ``Step`` of a PyTorch cell call (``cell``) or a one-step nn.LSTM/GRU/RNN call."""
+    unbatched = inputs.ndim == (1 if cell else 2)
+    if cell:
+        x = inputs.reshape(1, -1) if unbatched else inputs  # (B, F)
+    else:
+        x = inputs if unbatched else (inputs[:, 0] if batch_first else inputs[0])
+    returned = output if cell else output[1]
+    raw = returned if isinstance(returned, tuple) else (returned,)
+    given = None if state is None else as_parts(state, cell, unbatched)
+    received = None if state is None else (state if isinstance(state, tuple) else (state,))
+    return Step(x, given, as_parts(returned, cell, unbatched), raw, received, unbatched)

@@ -38,10 +38,12 @@ from gatelens.families.rnn import RNNFamily
 from gatelens.families.spec import CellSpec
 from gatelens.families.stepped import (
     Recorded,
+    Step,
     recorded_call,
     recorded_output_diff,
     recorded_reference,
     stack_steps,
+    torch_step,
 )
 
 #: each cell class and the module whose one layer it is
@@ -74,6 +76,7 @@ class TorchCellFamily(Family):
 
     cell_class: ClassVar[type] = nn.RNNCellBase
     module_family: ClassVar[type] = LSTMFamily
+    stepped = True  # every call is one step: a forward's calls are stitched
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
@@ -116,6 +119,9 @@ class TorchCellFamily(Family):
                 "module": f"nn.{self.cell_class.__name__}"}
 
     # ---- a call ----------------------------------------------------------------------
+    def step_of(self, inputs: Tensor, state: Any, output: Any) -> Step:
+        return torch_step(inputs, state, output, cell=True)
+
     def check(self, inputs: Any, state: Any = None) -> Call:
         """A ``Recorded`` trajectory (the cell's calls, stitched), or what a loop would
         step through: inputs (B, T, F), one step (B, F) or an unbatched step (F,), and the
@@ -214,6 +220,7 @@ class LSTMCellFamily(TorchCellFamily):
     opens_what = "nn.LSTMCell"
     cell_class = nn.LSTMCell
     module_family = LSTMFamily
+    specs = LSTMFamily.specs
 
 
 class GRUCellFamily(TorchCellFamily):
@@ -223,6 +230,7 @@ class GRUCellFamily(TorchCellFamily):
     opens_what = "nn.GRUCell"
     cell_class = nn.GRUCell
     module_family = GRUFamily
+    specs = GRUFamily.specs
 
 
 class RNNCellFamily(TorchCellFamily):
@@ -232,3 +240,4 @@ class RNNCellFamily(TorchCellFamily):
     opens_what = "nn.RNNCell (tanh or relu)"
     cell_class = nn.RNNCell
     module_family = RNNFamily
+    specs = RNNFamily.specs

@@ -29,30 +29,9 @@ from gatelens.cells import kernels
 from gatelens.cells.equations import cell_weights
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
-from gatelens.families.spec import CellSpec, cell_of_mode, cell_spec, layer_name
-from gatelens.families.stepped import Recorded, recorded_call, recorded_reference
-
-
-def max_diff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
-    """max |a − b| in float64, or with ``scaled`` max |a − b| / max(1, |b|); 0 when empty.
-
-    >>> max_diff(torch.tensor([30.0]), torch.tensor([30.0003]), scaled=True) < 1e-5
-    True
-    """
-    if not a.numel():
-        return 0.0
-    diff = (a.double() - b.double()).abs()
-    if scaled:
-        diff = diff / b.double().abs().clamp(min=1.0)
-    return float(diff.max())
-
-
-def previous(seq: Tensor, init: Tensor, reverse: bool) -> Tensor:
-    """The state each step reads, (B, T, ·): init, then the step before in processing order."""
-    init = init.unsqueeze(1)  # (B, 1, ·)
-    if reverse:
-        return torch.cat([seq[:, 1:], init], dim=1)
-    return torch.cat([init, seq[:, :-1]], dim=1)
+from gatelens.families.spec import CellSpec, layer_name
+from gatelens.families.stepped import Recorded, Step, recorded_call, recorded_reference, torch_step
+from gatelens.families.torch_ops import max_diff, previous  # noqa: F401 - re-exported
 
 
 def like(module: nn.RNNBase, num_layers: int, tensors: dict[str, Tensor], *,
@@ -79,13 +58,13 @@ class TorchRNNFamily(Family):
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
-        return isinstance(module, cls.module_class) and cell_of_mode(
-            getattr(module, "mode", "")) is not None
+        return isinstance(module, cls.module_class) and any(
+            s.mode == getattr(module, "mode", "") for s in cls.specs)
 
     # ---- facts -----------------------------------------------------------------------
     @property
     def spec(self) -> CellSpec:
-        return cell_spec(cell_of_mode(self.module.mode))
+        return next(s for s in self.specs if s.mode == self.module.mode)
 
     @property
     def num_layers(self) -> int:
@@ -119,11 +98,22 @@ class TorchRNNFamily(Family):
 
     def describe(self) -> dict:
         info = {**super().describe(),
-                "nonlinearity": self.module.nonlinearity if self.spec.family == "rnn" else None}
+                "nonlinearity": getattr(self.module, "nonlinearity", None)}
         if self.bidirectional:
             info["directions"] = ("forward direction measured; the reverse direction's gates "
                                   "are in the trace")
         return info
+
+    def step_call(self, inputs: Any) -> bool:
+        if not isinstance(inputs, Tensor):  # packed: not one step
+            return False
+        if inputs.ndim == 2:  # unbatched (T, F)
+            return inputs.shape[0] == 1
+        return inputs.ndim == 3 and inputs.shape[1 if self.module.batch_first else 0] == 1
+
+    def step_of(self, inputs: Tensor, state: Any, output: Any) -> Step:
+        return torch_step(inputs, state, output, cell=False,
+                          batch_first=self.module.batch_first)
 
     def directions_of(self) -> list[tuple[int, bool, str, int]]:
         """(layer, reverse, name, row of h0) of every layer and direction, in trace order."""

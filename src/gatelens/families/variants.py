@@ -42,7 +42,20 @@ from gatelens.cells.variants import (
     lstm_variant_step,
 )
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
-from gatelens.families.spec import CELLS, CellSpec, layer_name
+from gatelens.families.gru import GRU_NAMES
+from gatelens.families.lstm import LSTM_NAMES
+from gatelens.families.spec import CellSpec, layer_name
+
+# the LSTM's and the GRU's letters; their gate ranges depend on the activations, so no
+# bounds are fixed
+LSTM_VARIANT = CellSpec(
+    name="lstm_variant", kind="lstm", chunks=("i", "f", "g", "o"),
+    signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
+    keep_gate="f", input_gate="i", state="c", display=LSTM_NAMES)
+GRU_VARIANT = CellSpec(
+    name="gru_variant", kind="gru", chunks=("r", "z", "n"),
+    signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
+    state="h", candidate="n", display=GRU_NAMES)
 
 #: Activations with values in [−1, 1], and in [0, 1]: h of an LSTM is o ⊙ α(c), of a GRU a
 #: mix of h and n with weights z, 1 − z, so these bound h as tanh and sigmoid do.
@@ -86,7 +99,7 @@ class _VariantFamily(Family):
 
     @property
     def spec(self) -> CellSpec:
-        return CELLS[self.cell_name]
+        return self.specs[0]
 
     @property
     def num_layers(self) -> int:
@@ -276,6 +289,7 @@ class VariantLSTMFamily(_VariantFamily):
     opens_what = "gatelens's VariantLSTM"
     module_class = VariantLSTM
     cell_name = "lstm_variant"
+    specs = (LSTM_VARIANT,)
 
     def _step(self, w, x, parts):
         return lstm_variant_step(w, x, parts[0], parts[1])
@@ -289,6 +303,7 @@ class VariantGRUFamily(_VariantFamily):
     opens_what = "gatelens's VariantGRU"
     module_class = VariantGRU
     cell_name = "gru_variant"
+    specs = (GRU_VARIANT,)
 
     def _step(self, w, x, parts):
         return gru_variant_step(w, x, parts[0])

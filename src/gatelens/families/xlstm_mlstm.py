@@ -35,7 +35,39 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.families.official import buffer_units
-from gatelens.families.xlstm_slstm import XLSTMStack
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, CellSpec
+from gatelens.families.xlstm_slstm import XLSTMStack, xlstm_stack
+
+XLSTM_MLSTM = CellSpec(
+    name="xlstm_mlstm", kind="xlstm", chunks=("i", "f"),
+    signals=("i", "f", "s", "h", "y"), gates=("i", "f"), keep_gate="f", input_gate="i",
+    state="s", bounds={"i": SIGMOID, "f": SIGMOID},
+    display={"f": "forget σ(f̃) per head", "i": "input exp(ĩ − m') per head",
+             "s": "memory (C, n)·e^m per head"})
+
+
+def _build_mlstm(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
+                 **_: object) -> nn.Module:
+    import xlstm
+
+    s = settings
+    block = {"mlstm_block": xlstm.mLSTMBlockConfig(mlstm=xlstm.mLSTMLayerConfig(
+        conv1d_kernel_size=s["conv1d_kernel_size"], num_heads=heads,
+        qkv_proj_blocksize=s["qkv_proj_blocksize"], proj_factor=s["proj_factor"])),
+        "slstm_at": []}
+    return xlstm_stack(block, hidden, layers, s["context_length"])
+
+
+#: ``--cell xlstm-mlstm``: proj 2, conv 4, qkv blocks 4; --hidden a multiple of what its
+#: inner 2 d needs (heads, and qkv blocks of 4)
+MLSTM_RECIPE = Recipe(
+    "xlstm-mlstm", "xlstm's xLSTMBlockStack of mLSTM blocks (--heads)", _build_mlstm,
+    reads="embedded", flags=frozenset({"heads"}), package=("xlstm", "xlstm"),
+    settings={"conv1d_kernel_size": 4, "qkv_proj_blocksize": 4, "proj_factor": 2.0,
+              "context_length": 2048},
+    multiple=lambda heads: math.lcm(2, heads // math.gcd(heads, 2)),
+    keep_words="xlstm's mLSTM the head's raw f")
 
 EPS = 1e-6  # the package's ε in recurrent_step_stabilized_simple
 
@@ -66,6 +98,8 @@ class XLSTMMLSTMFamily(XLSTMStack):
     opens_what = "xlstm's xLSTMBlockStack / xLSTMLMModel of mLSTM blocks (NX-AI, 2.0.6)"
     cell_name = "xlstm_mlstm"
     kind = "mLSTMLayer"
+    specs = (XLSTM_MLSTM,)
+    recipe = MLSTM_RECIPE
     units_name = "head"
 
     @property

@@ -40,6 +40,52 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
 from gatelens.families.official import OfficialFamily, buffer_units
+from gatelens.families.recipe import Recipe
+from gatelens.families.spec import SIGMOID, TANH, CellSpec
+
+XLSTM_SLSTM = CellSpec(
+    name="xlstm_slstm", kind="xlstm", chunks=("i", "f", "z", "o"),
+    signals=("z", "i", "f", "o", "kappa", "s", "h", "y"),
+    gates=("z", "i", "f", "o", "kappa"), keep_gate="kappa", input_gate="i", state="s",
+    candidate="z",
+    bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
+            "s": TANH, "h": TANH},
+    display={"kappa": "keep κ = f n / n'", "s": "state c/n", "f": "forget σ(f̃)",
+             "i": "input exp(ĩ − m')"})
+
+
+def xlstm_stack(block: dict, d: int, layers: int, context_length: int) -> nn.Module:
+    """xlstm's xLSTMBlockStack of ``layers`` blocks of width ``d`` (``block``: its
+    ``slstm_block``/``mlstm_block`` and ``slstm_at`` settings)."""
+    import xlstm
+
+    return xlstm.xLSTMBlockStack(xlstm.xLSTMBlockStackConfig(
+        context_length=context_length, num_blocks=layers, embedding_dim=d, **block))
+
+
+def _build_slstm(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
+                 **_: object) -> nn.Module:
+    import xlstm
+
+    s = settings
+    block = {"slstm_block": xlstm.sLSTMBlockConfig(
+        slstm=xlstm.sLSTMLayerConfig(backend=s["backend"], num_heads=heads,
+                                     conv1d_kernel_size=s["conv1d_kernel_size"],
+                                     bias_init=s["bias_init"]),
+        feedforward=xlstm.FeedForwardConfig(proj_factor=s["ffn_proj_factor"],
+                                            act_fn=s["ffn_act_fn"])), "slstm_at": "all"}
+    return xlstm_stack(block, hidden, layers, s["context_length"])
+
+
+#: ``--cell xlstm-slstm``: the stack between an embedding and a head; the vanilla (CPU)
+#: backend, conv 4, FFN 1.3; its whole-sequence mask needs a context of 2048 characters
+SLSTM_RECIPE = Recipe(
+    "xlstm-slstm", "xlstm's xLSTMBlockStack of sLSTM blocks (--heads)", _build_slstm,
+    reads="embedded", flags=frozenset({"heads"}), package=("xlstm", "xlstm"),
+    settings={"backend": "vanilla", "conv1d_kernel_size": 4, "ffn_proj_factor": 1.3,
+              "ffn_act_fn": "gelu", "bias_init": "powerlaw_blockdependent",
+              "context_length": 2048},
+    keep_words="xlstm's sLSTM κ = f n/n'")
 
 _STACK = ("xlstm.xlstm_block_stack", "xLSTMBlockStack")
 
@@ -199,6 +245,8 @@ class XLSTMSLSTMFamily(XLSTMStack):
     opens_what = "xlstm's xLSTMBlockStack / xLSTMLMModel of sLSTM blocks (NX-AI, 2.0.6)"
     cell_name = "xlstm_slstm"
     kind = "sLSTMLayer"
+    specs = (XLSTM_SLSTM,)
+    recipe = SLSTM_RECIPE
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)

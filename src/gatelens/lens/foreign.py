@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelens.errors import GatelensError, positive_int
-from gatelens.families.spec import FAMILIES, family_spec
+from gatelens.families.registry import cell_spec
 from gatelens.lens.foreign_io import PathLike, extend_vocab, read_tensors, read_vocab, sniff
-from gatelens.training.model import CELLS
 
-#: Row blocks stacked in weight_ih / weight_hh of each --cell family (the cell table).
-GATES = {f: family_spec(f).n_chunks for f in FAMILIES if not family_spec(f).modern}
+#: PyTorch's recurrent modules, whose tensor names (weight_ih_l0 ...) these files use
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
+#: Row blocks stacked in weight_ih / weight_hh of each (its cell's spec)
+GATES = {f: cell_spec("rnn_tanh" if f == "rnn" else f).n_chunks for f in CELLS}
 M = TypeVar("M", bound=nn.Module)
 # PyTorch's names for a recurrent module's tensors: weight_ih_l0, bias_hh_l1_reverse, ...
 _RECURRENT = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")

@@ -31,7 +31,6 @@ from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
-from gatelens.families.torch_cell import TorchCellFamily
 from gatelens.lens.run import run_of
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
@@ -228,7 +227,7 @@ class Lens:
                 handle.remove()
                 for m, flag in flags.items():
                     m.training = flag
-            if steps.calls and (len(calls) > 1 or isinstance(fam, TorchCellFamily)):
+            if steps.calls and (len(calls) > 1 or fam.stepped):
                 rec = one_trajectory(steps, calls, name, int(ids.shape[1]))
                 return Captured(rec, None, output_logits(out))
             if len(calls) != 1:

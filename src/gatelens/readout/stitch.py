@@ -43,41 +43,19 @@ import torch
 from torch import Tensor
 
 from gatelens.families.base import Family
-from gatelens.families.stepped import Recorded, stack_steps
-from gatelens.families.torch_cell import TorchCellFamily
-from gatelens.families.torch_rnn import TorchRNNFamily
+from gatelens.families.stepped import Recorded, Step, stack_steps
 
 
 def is_step_call(fam: Family, inputs: Any) -> bool:
-    """Whether a call of ``fam``'s module is one step: every cell call, and an
-    nn.LSTM/GRU/RNN call with one step (T = 1, batched or unbatched, not packed).
+    """Whether a call of ``fam``'s module is one step (the family says: every cell call,
+    and an nn.LSTM/GRU/RNN call with one step, T = 1, batched or unbatched, not packed).
 
     >>> from gatelens.families.registry import family_of
     >>> fam = family_of(torch.nn.LSTM(3, 4, batch_first=True))
     >>> is_step_call(fam, torch.zeros(2, 1, 3)), is_step_call(fam, torch.zeros(2, 5, 3))
     (True, False)
     """
-    if isinstance(fam, TorchCellFamily):
-        return True
-    if not isinstance(fam, TorchRNNFamily) or not isinstance(inputs, Tensor):
-        return False
-    if inputs.ndim == 2:  # unbatched (T, F)
-        return inputs.shape[0] == 1
-    return inputs.ndim == 3 and inputs.shape[1 if fam.module.batch_first else 0] == 1
-
-
-def _parts(value: Any, cell: bool, unbatched: bool) -> tuple[Tensor, ...]:
-    """A state (h, or (h, c)) as (L, B, ·) parts: a cell's (B, H) gets L = 1, an unbatched
-    one (H,) or (L, H) gets B = 1."""
-    parts = value if isinstance(value, tuple) else (value,)
-    out = []
-    for p in parts:
-        if cell:
-            p = p.reshape(1, 1, -1) if unbatched else p.unsqueeze(0)
-        elif unbatched:
-            p = p.unsqueeze(1)
-        out.append(p)
-    return tuple(out)
+    return fam.step_call(inputs)
 
 
 @dataclass
@@ -98,7 +76,6 @@ class Stitcher:
 
     def __init__(self, fam: Family) -> None:
         self.fam = fam
-        self.cell = isinstance(fam, TorchCellFamily)
         self.calls = 0
         self.open: list[_Open] = []
 
@@ -108,38 +85,28 @@ class Stitcher:
             raise ValueError(f"only calls of one step are stitched; got inputs of shape "
                              f"{tuple(getattr(inputs, 'shape', ()))}")
         n, self.calls = self.calls, self.calls + 1
-        mod = self.fam.module
-        unbatched = inputs.ndim == (1 if self.cell else 2)
-        if self.cell:
-            x = inputs.reshape(1, -1) if unbatched else inputs  # (B, F)
-        else:
-            x = inputs if unbatched else (inputs[:, 0] if mod.batch_first else inputs[0])
-        returned = output if self.cell else output[1]
-        out = _parts(returned, self.cell, unbatched)
-        given = None if state is None else _parts(state, self.cell, unbatched)
-        why = self._why_new(n, state, given, x.shape[0])
+        step = self.fam.step_of(inputs, state, output)
+        why = self._why_new(n, step)
         if why is not None:
-            self.open.append(_Open(n, why, None if given is None else
-                                   tuple(p.detach().clone() for p in given)))
+            self.open.append(_Open(n, why, None if step.given is None else
+                                   tuple(p.detach().clone() for p in step.given)))
         tr = self.open[-1]
-        tr.xs.append(x.detach().clone())
-        tr.steps.append(tuple(p.detach().clone() for p in out))
-        raw = returned if isinstance(returned, tuple) else (returned,)
-        tr.last = tuple((p, p._version) for p in raw)
-        tr.unbatched = tr.unbatched and unbatched
+        tr.xs.append(step.x.detach().clone())
+        tr.steps.append(tuple(p.detach().clone() for p in step.out))
+        tr.last = tuple((p, p._version) for p in step.returned)
+        tr.unbatched = tr.unbatched and step.unbatched
 
-    def _why_new(self, n: int, state: Any, given: tuple[Tensor, ...] | None,
-                 batch: int) -> str | None:
+    def _why_new(self, n: int, step: Step) -> str | None:
         """Why call ``n`` starts a new trajectory, or None when it continues the last."""
         if not self.open:
             return "the first call"
+        given, batch, raw = step.given, step.x.shape[0], step.received
         if given is None:
             return f"call {n} was given no state (zeros: a reset)"
         tr = self.open[-1]
         before = tr.xs[-1].shape[0]
         if batch != before:
             return f"the batch size changed at call {n} ({before} -> {batch})"
-        raw = state if isinstance(state, tuple) else (state,)
         if len(raw) == len(tr.last) and all(
                 p is q and p._version == v for p, (q, v) in zip(raw, tr.last, strict=True)):
             return None  # the very tensors the last call returned, untouched

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from gatelens.families.spec import CellSpec, cell_spec, gate_names, layer_name
+from gatelens.families.registry import cell_spec, gate_names
+from gatelens.families.spec import CellSpec, layer_name
 
 __all__ = ["Trace", "gate_names"]
 

@@ -29,7 +29,7 @@ from gatelens.analysis.common import finite_or_none, pooled
 from gatelens.analysis.units import half_life as analysis_half_life
 from gatelens.analysis.units import unit_means
 from gatelens.cells.names import layer_name
-from gatelens.families.spec import cell_spec
+from gatelens.families.registry import cell_spec
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis

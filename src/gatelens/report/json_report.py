@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from gatelens.analysis.perturbation import PerturbationDecay
 from gatelens.analysis.units import UnitTimescales, shift_from_init
 from gatelens.io import atomic_write_json
-from gatelens.training.runs import read_history  # noqa: F401 - report.json's history
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis

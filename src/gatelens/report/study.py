@@ -14,6 +14,7 @@ from html import escape
 
 from matplotlib.figure import Figure
 
+from gatelens.families.registry import keep_words as family_keep_words
 from gatelens.report.tables import Table, fmt
 
 #: figure name -> its label; the order of tables and plots.
@@ -228,17 +229,6 @@ def study_plots(study: dict) -> dict[str, bytes]:
     return {name: _png(f) for name, f in figs.items() if f is not None}
 
 
-#: Each cell's keep gate, the one that scales the carried state (METHODS.md; an RNN has none).
-KEEP_WORDS = {
-    "lstm": "LSTM f", "gru": "GRU z", "mingru": "minGRU 1 − z",
-    "minlstm": "minLSTM f* = f/(f + i)", "slstm": "sLSTM κ",
-    "xlstm-slstm": "xlstm's sLSTM κ = f n/n'", "xlstm-mlstm": "xlstm's mLSTM the head's raw f",
-    "mingru-lm": "mingru-pytorch's minGRU 1 − z", "hf-mamba": "Mamba exp(Δ·A)",
-    "hf-mamba2": "Mamba-2 exp(Δ·A) a head", "mambapy": "Mamba exp(Δ·A)",
-    "hf-rwkv": "RWKV-4 e^(−w)",
-}
-
-
 def keep_words(study: dict) -> str:
     """The sentence that says what "keep gate" is for the cells of this study.
 
@@ -255,7 +245,7 @@ def keep_words(study: dict) -> str:
     default = grid_cell if isinstance(grid_cell, str) else spec.get("train", {}).get("cell",
                                                                                   "lstm")
     cells = dict.fromkeys(c["condition"].get("cell", default) for c in study["conditions"])
-    words = [KEEP_WORDS[c] for c in cells if c in KEEP_WORDS]
+    words = list(dict.fromkeys(w for w in map(family_keep_words, cells) if w))
     if not words:
         return "No cell here has a keep gate."
     return "The keep gate is the one that scales the carried state: " + ", ".join(words) + "."

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from gatelens.families.spec import CELLS
+from gatelens.families.registry import cell_specs
 
 STATS = ("mean", "p5", "p25", "p50", "p75", "p95")
 STAT_LABELS = ("mean", "5 %", "25 %", "50 %", "75 %", "95 %")
 #: A reader's name for every gate letter of every cell (the first cell naming a letter wins).
 GATE_NAMES: dict[str, str] = {}
-for _spec in CELLS.values():
+for _spec in cell_specs().values():
     for _k, _v in _spec.display.items():
         GATE_NAMES.setdefault(_k, _v)
 

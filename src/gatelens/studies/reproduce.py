@@ -37,16 +37,9 @@ from gatelens.training.runs import history_rows, read_config
 #: the same 325 units and 800 steps so the series compares like with like. On 2 idle CPU
 #: cores one step costs about 0.13 s (LSTM), 0.05 s (GRU), 0.02 s (RNN), so the three fit in
 #: the 6-minute budget; reproduce.md records the measured training seconds of each run.
-DEFAULT_SIZES: dict[str, dict] = {
-    "lstm": {"hidden": 325, "steps": 800},
-    "gru": {"hidden": 325, "steps": 800},
-    "rnn": {"hidden": 325, "steps": 800},
-    # `--cells` adds these: the same units and steps, so the series differs only in the cell
-    # (sLSTM's sequential Python step makes it several times slower than the LSTM)
-    "mingru": {"hidden": 325, "steps": 800},
-    "minlstm": {"hidden": 325, "steps": 800},
-    "slstm": {"hidden": 325, "steps": 800},
-}
+#: `--cells` adds gatelens's other cells (seed_compare.CELLS) at the same units and steps,
+#: so the series differs only in the cell.
+DEFAULT_SIZES: dict[str, dict] = {c: {"hidden": 325, "steps": 800} for c in CELLS}
 #: The cells `gatelens reproduce` trains unless told otherwise (the seed's series).
 SEED_CELLS = ("lstm", "gru", "rnn")
 _CHECKED = ("corpus", "cell", "hidden", "layers", "steps", "batch", "seq", "seed", "lr",

@@ -12,7 +12,7 @@ Rendering is apart, in ``gatelens.report.reproduce_md``.
 
 from __future__ import annotations
 
-from gatelens.families.spec import FAMILIES
+from gatelens.families.registry import builtin_recipes
 
 #: The seed's published figures (LSTM, 325 units, 800 steps, 32 × 128 validation characters;
 #: corpus, optimiser and learning rate unknown). Half-lives and ratio as docs/methods.md gives them.
@@ -45,8 +45,9 @@ SEED_FIGURES: dict = {
 }
 AGREE_REL = 0.10  # a figure "agrees" when within 10 % of the seed's (verification: both pass)
 
-#: Every cell a reproduction may train, in the order tables show them.
-CELLS = FAMILIES
+#: Every cell a reproduction may train, in the order tables show them: gatelens's own
+#: families that carry their state (PyTorch's cells and gatelens's), not the official ones.
+CELLS: tuple[str, ...] = tuple(n for n, r in builtin_recipes().items() if not r.official)
 
 
 def _figure(report: dict | None, path: tuple) -> float | None:

@@ -166,11 +166,12 @@ def parse_spec(doc: dict, where: str = "SPEC") -> StudySpec:
     if "init" in keys and ({"forget_bias", "chrono"} & keys):
         raise GatelensError(f"{where}: init and forget_bias/chrono are exclusive; give init")
     if match is not None:
-        from gatelens.families.spec import FAMILIES
+        from gatelens.families.registry import canonical as canonical_cell
+        from gatelens.families.registry import cell_names, recipes
 
-        if match not in FAMILIES:
+        if not isinstance(match, str) or canonical_cell(match) not in recipes():
             raise GatelensError(f"{where}: [train] {MATCH}: expected a cell "
-                                f"({', '.join(FAMILIES)}), got {match!r}")
+                                f"({', '.join(cell_names())}), got {match!r}")
         if "hidden" in in_tables or "hidden" in grid:
             raise GatelensError(f"{where}: [train] {MATCH}: sets every trial's hidden; give "
                                 "the reference's hidden in [train] only")

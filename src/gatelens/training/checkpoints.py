@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gatelens.errors import GatelensError
+from gatelens.families.registry import canonical
 from gatelens.io import atomic_write_json, atomic_write_text
 from gatelens.training.config import TrainConfig
 from gatelens.training.model import CharLM
@@ -119,6 +120,8 @@ def _resume_config(saved: dict, overrides: dict, out: Path) -> TrainConfig:
     for name, value in overrides.items():
         if name in ("steps", "device"):
             setattr(cfg, name, value)
+        elif name == "cell" and canonical(value) == canonical(cfg.cell):
+            continue  # an earlier --cell name of the same family
         elif value != getattr(cfg, name):
             raise GatelensError(f"{out}: --{name.replace('_', '-')} {value} differs from the "
                                 f"run's {getattr(cfg, name)}; a resumed run keeps its settings")

@@ -12,23 +12,21 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from gatelens.errors import SEED_MAX, SEED_MIN, GatelensError
-from gatelens.families.spec import FAMILIES, family_spec
-from gatelens.training.official_model import OFFICIAL_CELLS, check_official, is_official
+from gatelens.families.registry import cell_names, check_build, recipe, recipes
 
 #: ``--optimizer`` choices (gatelens.training.optim builds them with PyTorch's defaults).
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
 #: ``--bias-init`` choices: PyTorch's own initialisation, or every recurrent bias 0.
 BIAS_INITS = ("pytorch", "zero")
-#: ``--cell`` choices: PyTorch's and gatelens's cells, then the official implementations'
-#: (training/official_model.py; the gatelens[modern] extra)
-CELL_NAMES: tuple[str, ...] = FAMILIES + OFFICIAL_CELLS
+#: ``--cell`` choices: every registered family with a training recipe (families/registry.py:
+#: PyTorch's and gatelens's cells, then the official implementations', gatelens[modern])
+CELL_NAMES: tuple[str, ...] = cell_names()
 
 
 @dataclass
 class TrainConfig:
     corpus: str = "shakespeare"  # built-in corpus name or a UTF-8 text file's path
-    cell: str = "lstm"  # lstm | gru | rnn | mingru | minlstm | slstm, or an official
-    #                     implementation's (official_model.OFFICIAL_CELLS: xlstm-slstm ...)
+    cell: str = "lstm"  # a --cell name: a family with a training recipe (CELL_NAMES)
     hidden: int = 325  # H, units per layer (the seed's 325)
     layers: int = 1  # stacked recurrent layers
     embed: int | None = None  # None: one-hot input, W_ih has a column per character
@@ -59,21 +57,16 @@ class TrainConfig:
         if self.embed is not None and (not isinstance(self.embed, int)
                                        or isinstance(self.embed, bool) or self.embed <= 0):
             raise GatelensError(f"--embed must be a positive integer, got {self.embed}")
-        if self.cell not in CELL_NAMES:
-            raise GatelensError(f"--cell must be one of {', '.join(CELL_NAMES)}, "
-                                f"got {self.cell!r}")
+        r = recipe(self.cell)
+        self.cell = r.name  # an alias (an earlier --cell name) becomes the family's name
         if self.nonlinearity not in ("tanh", "relu"):
             raise GatelensError(f"--nonlinearity must be tanh or relu, got {self.nonlinearity!r}")
-        if self.nonlinearity != "tanh" and self.cell != "rnn":
-            raise GatelensError("--nonlinearity applies to --cell rnn only")
+        if self.nonlinearity != "tanh" and not r.takes("nonlinearity"):
+            with_nl = [n for n, x in recipes().items() if x.takes("nonlinearity")]
+            raise GatelensError(f"--nonlinearity applies to --cell {', '.join(with_nl)} only")
         if not isinstance(self.heads, int) or isinstance(self.heads, bool) or self.heads <= 0:
             raise GatelensError(f"--heads must be a positive integer, got {self.heads}")
-        if is_official(self.cell):  # its own rule for --hidden and --heads
-            self._check_official()
-        elif self.heads != 1 and self.cell != "slstm":
-            raise GatelensError("--heads applies to --cell slstm, xlstm-slstm, xlstm-mlstm only")
-        elif self.hidden % self.heads:
-            raise GatelensError(f"--heads {self.heads} must divide --hidden {self.hidden}")
+        self._check_recipe(r)
         for name in ("lr", "clip"):
             v = getattr(self, name)
             if not _number(v) or not v > 0 or not math.isfinite(v):
@@ -95,10 +88,10 @@ class TrainConfig:
                                 f"got {self.bias_init!r}")
         if self.forget_bias is not None and self.chrono is not None:
             raise GatelensError("--forget-bias and --chrono are exclusive; give one")
-        if not is_official(self.cell) and family_spec(self.cell).keep_gate is None and (
+        if not r.official and not r.takes("keep") and (
                 self.forget_bias is not None or self.chrono is not None):
             flag = "--forget-bias" if self.forget_bias is not None else "--chrono"
-            raise GatelensError(f"{flag} needs a gated cell (not rnn); a plain rnn has "
+            raise GatelensError(f"{flag} needs a gated cell (not {r.name}); a {r.name} has "
                                 "no forget gate")
         if self.chrono is not None:
             check_chrono(self.chrono)
@@ -106,19 +99,22 @@ class TrainConfig:
             raise GatelensError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         return self
 
-    def _check_official(self) -> None:
-        """What an official implementation's model cannot take: an embedding size (it
-        embeds into --hidden), gatelens's keep-gate initialisers (its own init stands)."""
-        given = [flag for flag, on in (("--embed", self.embed is not None),
-                                        ("--forget-bias", self.forget_bias is not None),
-                                        ("--chrono", self.chrono is not None),
-                                        (f"--bias-init {self.bias_init}",
-                                         self.bias_init != "pytorch"))
-                 if on]
+    def _check_recipe(self, r) -> None:
+        """What the cell's recipe cannot take (an official implementation embeds into
+        --hidden and keeps its own init), and its rule for --hidden, --heads, --layers."""
+        given = [flag for flag, on, key in (
+            ("--embed", self.embed is not None, "embed"),
+            ("--forget-bias", self.forget_bias is not None, "keep"),
+            ("--chrono", self.chrono is not None, "keep"),
+            (f"--bias-init {self.bias_init}", self.bias_init != "pytorch", "bias_init"))
+            if on and not r.takes(key) and (r.official or key != "keep")]
         if given:
-            raise GatelensError(f"{given[0]} does not apply to --cell {self.cell} (the "
-                                "official model embeds into --hidden and keeps its own init)")
-        check_official(self.cell, self.hidden, self.layers, self.heads)
+            why = (" (the official model embeds into --hidden and keeps its own init)"
+                   if r.official else "")
+            raise GatelensError(f"{given[0]} does not apply to --cell {self.cell}{why}")
+        reason = check_build(r, self.hidden, self.layers, self.heads)
+        if reason:
+            raise GatelensError(reason)
 
     def to_dict(self) -> dict:
         return asdict(self)

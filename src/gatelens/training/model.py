@@ -1,4 +1,9 @@
-"""CharLM: one-hot (or embedding) -> nn.RNN/GRU/LSTM -> Linear, and its initialisers.
+"""The language models ``gatelens train`` builds, from the ``--cell`` family's recipe
+(families/recipe.py), and their initialisers.
+
+CharLM: one-hot (or embedding) -> a module that carries its state (nn.LSTM/GRU/RNN,
+gatelens's cells) -> Linear; OfficialLM: an official implementation's module, fed the whole
+text each call.
 
 Parameter names are the checkpoint format: ``rnn.weight_ih_l0`` ... keep PyTorch's own
 names, the decoder is ``head.weight``/``head.bias``, an embedding ``embed.weight``.
@@ -17,24 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gatelens.cells.modern import MODERN, is_modern
-from gatelens.families.spec import CellSpec, family_spec
+from gatelens.errors import GatelensError
+from gatelens.families.recipe import Recipe
+from gatelens.families.registry import check_build, recipe
 from gatelens.training.config import check_chrono
-from gatelens.training.official_model import OfficialLM, is_official, size_multiple
-
-#: PyTorch's modules by ``--cell`` name; gatelens's own cells are ``modern.MODERN``.
-CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
 
 
 class CharLM(nn.Module):
-    """A character-level language model around one PyTorch recurrent module.
+    """A character-level language model around one recurrent module that carries its state
+    (a recipe that reads ``"features"``: PyTorch's nn.LSTM/GRU/RNN, gatelens's cells).
 
     Args:
         vocab_size: V, characters in the vocabulary.
         hidden: H, units per layer.
         layers: stacked recurrent layers.
-        cell: "lstm", "gru", "rnn" (PyTorch's modules) or "mingru", "minlstm", "slstm"
-            (gatelens.cells.modern; parameters under ``rnn.`` all the same).
+        cell: a ``--cell`` name whose recipe reads features ("lstm", "gru", "rnn",
+            "mingru", "minlstm", "slstm" ...); the module is ``rnn``.
         embed: None for one-hot input (W_ih has one column per character), else the
             embedding size.
         nonlinearity: "tanh" or "relu" (plain RNN only).
@@ -44,18 +47,15 @@ class CharLM(nn.Module):
     def __init__(self, vocab_size: int, hidden: int = 325, layers: int = 1, cell: str = "lstm",
                  embed: int | None = None, nonlinearity: str = "tanh", heads: int = 1) -> None:
         super().__init__()
-        if cell not in CELLS and cell not in MODERN:
-            raise ValueError(f"cell must be one of {sorted(CELLS) + sorted(MODERN)}, "
-                             f"got {cell!r}")
-        self.vocab_size, self.cell = vocab_size, cell
+        r = _recipe(cell)
+        if r.official:
+            raise ValueError(f"--cell {r.name} reads {r.reads}, not features: build it with "
+                             "OfficialLM (or build_lm)")
+        self.vocab_size, self.cell = vocab_size, r.name
         self.embed = nn.Embedding(vocab_size, embed) if embed else None
         n_in = embed if embed else vocab_size
-        if cell in MODERN:
-            kwargs = {"heads": heads} if cell == "slstm" else {}
-            self.rnn = MODERN[cell](n_in, hidden, num_layers=layers, **kwargs)
-        else:
-            kwargs = {"nonlinearity": nonlinearity} if cell == "rnn" else {}
-            self.rnn = CELLS[cell](n_in, hidden, num_layers=layers, batch_first=True, **kwargs)
+        self.rnn = r.build(n_in, hidden, layers, vocab_size=vocab_size, heads=heads,
+                           nonlinearity=nonlinearity, settings={})
         self.head = nn.Linear(hidden, vocab_size)
 
     @classmethod
@@ -80,24 +80,66 @@ class CharLM(nn.Module):
         return self.head(out), state  # (B, T, V)
 
 
-def _bias_chunks(rnn: nn.RNNBase, layer: int, suffix: str = "") -> tuple[Tensor, Tensor]:
-    H = rnn.hidden_size
-    b_ih = getattr(rnn, f"bias_ih_l{layer}{suffix}")
-    b_hh = getattr(rnn, f"bias_hh_l{layer}{suffix}")
-    return b_ih.view(-1, H), b_hh.view(-1, H)  # (chunks, H)
+class OfficialLM(nn.Module):
+    """An official implementation's module (``rnn``) between an embedding and a head, as
+    its recipe says (``reads``: "embedded" gets our embedding, "ids" embeds the ids
+    itself, "lm" is a whole language model with its own embedding and head).
+
+    ``forward(idx, state)`` returns (logits (B, T, V), the ids read so far): these modules
+    are run over the whole text, so ``state`` (for sampling one character at a time) is the
+    ids before ``idx``, and each call reads them again. The weights keep the package's own
+    names under ``rnn.``; config.json's model "official" block records every setting that
+    rebuilds the module (the recipe's ``settings``), so ``load_run`` reopens it.
+    """
+
+    def __init__(self, vocab_size: int, cell: str, hidden: int, layers: int = 1,
+                 heads: int = 1, settings: dict | None = None) -> None:
+        super().__init__()
+        r = _recipe(cell)
+        if not r.official:
+            raise ValueError(f"--cell {r.name} carries its state: build it with CharLM")
+        reason = check_build(r, hidden, layers, heads)
+        if reason:
+            raise GatelensError(reason)
+        # a run's record adds the package's version: only the settings rebuild the module
+        s = {**r.settings, **{k: v for k, v in (settings or {}).items() if k in r.settings}}
+        self.vocab_size, self.cell, self.settings, self.recipe = vocab_size, r.name, s, r
+        r.need()
+        self.rnn = r.build(vocab_size if r.reads == "lm" else hidden, hidden, layers,
+                           vocab_size=vocab_size, heads=heads, nonlinearity="tanh",
+                           settings=s)
+        self.embed = nn.Embedding(vocab_size, hidden) if r.reads == "embedded" else None
+        self.head = None if r.reads == "lm" else nn.Linear(hidden, vocab_size)
+
+    @classmethod
+    def from_config(cls, model: dict, vocab_size: int) -> OfficialLM:
+        """The (untrained) model a run's config.json "model" block describes."""
+        return cls(vocab_size, model["cell"], model["hidden"], model["layers"],
+                   model.get("heads", 1), model.get("official"))
+
+    def core(self, idx: Tensor) -> Tensor:
+        """Logits (B, T, V) of ids (B, T), the whole sequence in one call of ``rnn``."""
+        x = idx if self.embed is None else self.embed(idx)
+        out = self.recipe.run(self.rnn, x)  # (B, T, d), or the logits of a whole LM
+        return out if self.head is None else self.head(out)
+
+    def forward(self, idx: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        full = idx if state is None else torch.cat([state, idx], dim=1)  # (B, T_seen)
+        return self.core(full)[:, full.shape[1] - idx.shape[1]:], full
 
 
-def _keep_spec(model: CharLM, what: str) -> CellSpec:
-    spec = family_spec(model.cell)
-    if spec.keep_gate is None:
+def _recipe(cell: str) -> Recipe:
+    try:
+        return recipe(cell)
+    except GatelensError as e:
+        raise ValueError(str(e)) from None
+
+
+def _keep_recipe(model: CharLM | OfficialLM, what: str) -> Recipe:
+    r = _recipe(model.cell)
+    if not r.takes("keep"):
         raise ValueError(f"{what} needs a gated cell (lstm or gru), not {model.cell!r}")
-    return spec
-
-
-def _layers(rnn: nn.RNNBase):
-    for layer in range(rnn.num_layers):
-        for suffix in ("", "_reverse") if rnn.bidirectional else ("",):
-            yield layer, suffix
+    return r
 
 
 @torch.no_grad()
@@ -127,15 +169,9 @@ def set_forget_bias(model: CharLM, value: float) -> None:
     >>> (m.rnn.bias_ih_l0[3:6] + m.rnn.bias_hh_l0[3:6]).tolist()
     [2.0, 2.0, 2.0]
     """
-    if is_modern(model.rnn):
-        for layer in range(model.rnn.num_layers):
-            _modern_keep_bias(model.rnn, layer, torch.full((model.rnn.hidden_size,), value))
-        return
-    k = _keep_spec(model, "a forget bias").chunk_of_keep
-    for layer, suffix in _layers(model.rnn):
-        b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
-        b_ih[k].fill_(value)
-        b_hh[k].zero_()
+    r = _keep_recipe(model, "a forget bias")
+    r.keep_init(model.rnn, lambda n: torch.full((n,), float(value), dtype=torch.float64),
+                False)
 
 
 @torch.no_grad()
@@ -144,36 +180,14 @@ def set_chrono(model: CharLM, t_max: float, generator: torch.Generator | None = 
 
     For a GRU it acts on z, the keep gate (a GRU has no separate input gate).
     """
-    spec = _keep_spec(model, "chrono initialisation")
+    r = _keep_recipe(model, "chrono initialisation")
     check_chrono(t_max)
-    if is_modern(model.rnn):
-        for layer in range(model.rnn.num_layers):
-            u = torch.rand(model.rnn.hidden_size, generator=generator, dtype=torch.float64)
-            _modern_keep_bias(model.rnn, layer, torch.log(1 + u * (t_max - 2)), chrono=True)
-        return
-    k = spec.chunk_of_keep
-    for layer, suffix in _layers(model.rnn):
-        b_ih, b_hh = _bias_chunks(model.rnn, layer, suffix)
-        u = torch.rand(b_ih.shape[1], generator=generator, dtype=torch.float64)
-        b_f = torch.log(1 + u * (t_max - 2)).to(b_ih.dtype)  # log U(1, t_max - 1)
-        b_ih[k].copy_(b_f)
-        b_hh[k].zero_()
-        if spec.input_gate is not None:
-            b_ih[spec.chunk(spec.input_gate)].copy_(-b_f)
-            b_hh[spec.chunk(spec.input_gate)].zero_()
 
+    def draw(n: int) -> Tensor:  # log U(1, t_max - 1), one draw per layer and direction
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        return torch.log(1 + u * (t_max - 2))
 
-def _modern_keep_bias(rnn: nn.Module, layer: int, b_f: Tensor, chrono: bool = False) -> None:
-    """A gatelens cell's keep bias: minGRU b_z = −b (keep 1 − z = σ(−z̃) starts at σ(b));
-    minLSTM b_f = b, b_i = −b (f* = σ(b)/(σ(b) + σ(−b)) = σ(b) before the weights act);
-    sLSTM b_f = b (its forget gate; κ has no bias of its own), with chrono b_i = −b too."""
-    b_f = b_f.to(rnn.weight_ih_l0.dtype)
-    if rnn.cell == "mingru":
-        rnn.bias_of(layer, "z").copy_(-b_f)
-        return
-    rnn.bias_of(layer, "f").copy_(b_f)
-    if rnn.cell == "minlstm" or chrono:
-        rnn.bias_of(layer, "i").copy_(-b_f)
+    r.keep_init(model.rnn, draw, True)
 
 
 def initial_keep_value(forget_bias: float | None) -> float:
@@ -192,7 +206,7 @@ def build_lm(model: dict, vocab_size: int) -> CharLM | OfficialLM:
     >>> type(build_lm({"cell": "gru", "hidden": 4, "layers": 1}, 5)).__name__
     'CharLM'
     """
-    if is_official(model["cell"]):
+    if _recipe(model["cell"]).official:
         return OfficialLM.from_config(model, vocab_size)
     return CharLM.from_config(model, vocab_size)
 
@@ -222,9 +236,7 @@ def matched_hidden(model: dict, target: int, vocab_size: int) -> int:
     ...  for h in (378, 379, 380)]
     [-3672, -1059, 1560]
     """
-    step = int(model.get("heads", 1) or 1)
-    if is_official(model["cell"]):
-        step = size_multiple(model["cell"], step)
+    step = _recipe(model["cell"]).size_multiple(int(model.get("heads", 1) or 1))
 
     def count(k: int) -> int:  # increasing in k
         return parameter_count({**model, "hidden": k * step}, vocab_size)

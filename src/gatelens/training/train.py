@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from gatelens._version import version as gatelens_version
 from gatelens.errors import CheckFailed, GatelensError
+from gatelens.families.registry import recipe
 from gatelens.io import atomic_write_json, remove_leftovers
 from gatelens.lock import clear_held, is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
@@ -41,8 +42,14 @@ from gatelens.training.checkpoints import (
 )
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
-from gatelens.training.model import CharLM, build_lm, set_chrono, set_forget_bias, zero_biases
-from gatelens.training.official_model import OfficialLM, is_official, official_block
+from gatelens.training.model import (
+    CharLM,
+    OfficialLM,
+    build_lm,
+    set_chrono,
+    set_forget_bias,
+    zero_biases,
+)
 from gatelens.training.optim import make_optimizer, optimizer_record
 from gatelens.training.runs import (
     CKPT_DIR,
@@ -117,14 +124,15 @@ def _synthetic(name: str) -> dict:
 def model_config(cfg: TrainConfig) -> dict:
     """config.json's "model" block (less the vocabulary size) for a training config; an
     official implementation's adds its settings and package version ("official")."""
-    if is_official(cfg.cell):
-        return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": None,
-                "nonlinearity": "tanh", "input": "embedding",
-                **({"heads": cfg.heads} if cfg.cell.startswith("xlstm-") else {}),
-                "official": official_block(cfg.cell)}
-    return {"cell": cfg.cell, "hidden": cfg.hidden, "layers": cfg.layers, "embed": cfg.embed,
+    r = recipe(cfg.cell)
+    heads = {"heads": cfg.heads} if r.takes("heads") else {}
+    if r.official:
+        return {"cell": r.name, "hidden": cfg.hidden, "layers": cfg.layers, "embed": None,
+                "nonlinearity": "tanh", "input": "embedding", **heads,
+                "official": r.official_block()}
+    return {"cell": r.name, "hidden": cfg.hidden, "layers": cfg.layers, "embed": cfg.embed,
             "nonlinearity": cfg.nonlinearity, "input": "embedding" if cfg.embed else "one-hot",
-            **({"heads": cfg.heads} if cfg.cell == "slstm" else {})}
+            **heads}
 
 
 def build(cfg: TrainConfig, vocab_size: int) -> CharLM | OfficialLM:

@@ -1,0 +1,115 @@
+"""The documentation site builds with ``mkdocs build --strict`` (issue 30, part 2).
+
+Strict mode turns every warning into a failure: a broken link or anchor between pages, an
+API page naming an object that does not exist, a docstring reference that does not
+resolve. The command-line page and the families table are generated from the code by
+docs/hooks/generated.py, so they are checked against the parser and the registry here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gatelens
+from gatelens.cli import COMMANDS
+
+pytestmark = pytest.mark.xdist_group("docs-site")  # one build for the module's tests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                           str(root / "mkdocs.yml"), "--site-dir", str(site)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    done = _build(ROOT, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def _text(site: Path, page: str) -> str:
+    return (site / page / "index.html").read_text("utf-8")
+
+
+def test_every_nav_page_is_built(site: Path) -> None:
+    for page in ("methods", "opening-models", "formats", "studies", "cli", "api", "design",
+                 "findings", "changelog"):
+        assert (site / page / "index.html").is_file(), page
+    assert "Quick start" in (site / "index.html").read_text("utf-8")
+    assert not (site / "hooks").exists()  # the hooks are code, not pages
+
+
+def test_cli_page_is_every_commands_help(site: Path) -> None:
+    cli = _text(site, "cli")
+    for name in COMMANDS:
+        assert f"gatelens {name}" in cli, name
+    assert "--windows" in cli and "--preset" in cli  # options, not just the command list
+
+
+def test_families_table_is_the_registry(site: Path) -> None:
+    page = _text(site, "opening-models")
+    for name in gatelens.families():
+        assert f"<code>{name}</code>" in page, name
+
+
+def test_api_and_changelog_pages(site: Path) -> None:
+    api = _text(site, "api")
+    for name in ("gatelens.lens.lens.Lens", "gatelens.readout.trace.trace",
+                 "gatelens.readout.verify.verify", "gatelens.lens.analyze.analyze",
+                 "gatelens.readout.verify.VerifyResult", "gatelens.lens.lens.LensResult"):
+        assert name in api, name
+    assert "&gt;&gt;&gt; " in api and "<blockquote>" not in api  # doctests are code blocks
+    assert "0.2.0" in _text(site, "changelog")
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    root.mkdir()
+    shutil.copy(ROOT / "mkdocs.yml", root / "mkdocs.yml")
+    shutil.copy(ROOT / "CHANGELOG.md", root / "CHANGELOG.md")
+    shutil.copytree(ROOT / "docs", root / "docs")
+    (root / "docs" / "findings.md").write_text("# Findings\n\nSee [gone](no-such-page.md).\n")
+    done = _build(root, tmp_path / "site")
+    assert done.returncode != 0
+    assert "no-such-page.md" in done.stdout + done.stderr
+
+
+def test_python_blocks_of_the_docs_are_readme_examples() -> None:
+    """Each ```python block of docs/*.md is one of the README's, which test_readme runs."""
+    readme = _python_blocks((ROOT / "README.md").read_text("utf-8"))
+    found = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for block in _python_blocks(page.read_text("utf-8")):
+            assert block in readme, f"{page.name}: a Python block no test runs:\n{block}"
+            found += 1
+    assert found >= 2
+
+
+def _python_blocks(text: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M)]
+
+
+def test_fence_doctests() -> None:
+    spec = importlib.util.spec_from_file_location("doctest_fences",
+                                                  ROOT / "docs/hooks/doctest_fences.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = "Adds.\n\n>>> f(1,\n...   2)\n[3][0]\n\nDone.\n    >>> g()"
+    assert mod.fence_doctests(text) == (
+        "Adds.\n\n```pycon\n>>> f(1,\n...   2)\n[3][0]\n```\n\nDone.\n    ```pycon\n"
+        "    >>> g()\n```")
