@@ -15,8 +15,10 @@ import pytest
 
 from gatelens.cli import main
 from gatelens.lock import LOCK
-from gatelens.stops import Stopped, exit_code, may_take, signals_raise
+from gatelens.stops import Stopped, exit_code, kept_handlers, may_take, signals_raise
+from gatelens.training.config import TrainConfig
 from gatelens.training.runs import read_config
+from gatelens.training.train import train
 
 
 def _defaults() -> None:
@@ -112,3 +114,53 @@ def test_an_ignored_sighup_stays_ignored(tmp_path: Path):
             os.kill(os.getpid(), signal.SIGHUP)  # nothing happens
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+def test_a_library_that_turns_the_stop_into_ctrl_c_still_exits_by_its_signal():
+    """Ray's ray.get/ray.wait catch the Stopped and raise a plain KeyboardInterrupt."""
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(Stopped) as got, signals_raise():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except Stopped:
+                raise KeyboardInterrupt from None
+        assert exit_code(got.value) == 143
+        with pytest.raises(KeyboardInterrupt) as plain, signals_raise():
+            raise KeyboardInterrupt  # Ctrl-C stays Ctrl-C: 130
+        assert not isinstance(plain.value, Stopped) and exit_code(plain.value) == 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_kept_handlers_undo_what_a_library_installs():
+    old = signal.getsignal(signal.SIGTERM)
+    with signals_raise():
+        mine = signal.getsignal(signal.SIGTERM)
+        with kept_handlers():
+            signal.signal(signal.SIGTERM, lambda *a: sys.exit(15))  # what ray.init does
+        assert signal.getsignal(signal.SIGTERM) is mine
+    assert signal.getsignal(signal.SIGTERM) == old
+
+
+def test_a_stop_outside_the_loop_leaves_the_run_interrupted_not_running(tiny_text, tmp_path,
+                                                                        capsys):
+    """A second SIGTERM (the loop's flag raises it where the loop is) or one before the
+    loop: config.json says "interrupted", the lock is gone, --resume continues."""
+    run = tmp_path / "run"
+
+    def second_signal(step: int) -> None:
+        if step == 3:
+            raise Stopped(signal.SIGTERM)
+
+    cfg = TrainConfig(corpus=str(tiny_text), hidden=8, steps=6, batch=4, seq=16,
+                      eval_every=2, val_windows=2)
+    with pytest.raises(Stopped):
+        train(cfg, run, progress=False, on_step=second_signal)
+    config = read_config(run)
+    assert config["status"] == "interrupted" and config["steps_done"] == 2
+    assert not (run / LOCK).exists()
+    assert main(["train", "--resume", "--out", str(run), "--quiet"]) == 0
+    assert read_config(run)["status"] == "done" and read_config(run)["steps_done"] == 6
+    capsys.readouterr()

@@ -39,6 +39,7 @@ from gatelens.training.checkpoints import (
     _restore,
     _resume_config,
     _saved_step,
+    mark_interrupted,
 )
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
@@ -251,7 +252,12 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
             raise ValueError("train() needs a TrainConfig unless resume=True")
         cfg.validate()
     with writing_dir(out) as out:
-        return _train(cfg, out, resume, progress, overrides or {}, on_step, stop_at)
+        try:
+            return _train(cfg, out, resume, progress, overrides or {}, on_step, stop_at)
+        except KeyboardInterrupt:  # a stop outside the loop's, or a second one: no "running"
+            mark_interrupted(out)
+            raise
+
 
 
 def _finite(model: CharLM) -> bool:
