@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +22,7 @@ from gatelens.errors import (
 )
 from gatelens.families.registry import recipes
 from gatelens.families.spec import layer_name
+from gatelens.stops import Stopped, exit_code, signal_name, signals_raise
 from gatelens.studies.seed_compare import CELLS as SEED_COMPARE_CELLS
 from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
 
@@ -102,11 +104,11 @@ def _cmd_train(args) -> int:
         res = train(TrainConfig(**given), args.out, progress=not args.quiet)
     print(f"{res.run}: {res.steps_done} steps, best validation loss {res.best_val_loss:.4f} "
           f"at step {res.best_step}")
-    if res.best_step == 0 and res.steps_done > 0:
+    if res.best_step == 0 and res.steps_done > 0 and not res.interrupted:  # a verdict at the end
         print(f"gatelens: note: the validation loss never got below the untrained model's "
               f"(best step 0); is --lr {_lr_of(res.run)} too large or too small?",
               file=sys.stderr)
-    return 130 if res.interrupted else 0
+    return (128 + (res.signum or signal.SIGINT)) if res.interrupted else 0
 
 
 def _lr_of(run) -> str:
@@ -359,17 +361,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     2
     """
     try:
-        args = build_parser().parse_args(argv)
-        return COMMANDS[args.command][1](args)
+        with signals_raise():  # SIGTERM, SIGHUP: a clean stop, as Ctrl-C
+            args = build_parser().parse_args(argv)
+            return COMMANDS[args.command][1](args)
     except GatelensError as e:
         print(f"gatelens: error: {e}", file=sys.stderr)
         return e.exit_code
     except CheckFailed as e:
         print(f"gatelens: check failed: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("gatelens: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C; Stopped: SIGTERM or SIGHUP
+        by = f" by {signal_name(e.signum)}" if isinstance(e, Stopped) else ""
+        print(f"gatelens: interrupted{by}", file=sys.stderr)
+        return exit_code(e)
     except OSError as e:  # a file system that failed under us: one line, naming the path
         where = f"{e.filename}: " if e.filename else ""
         print(f"gatelens: error: {where}{os_reason(e)}", file=sys.stderr)

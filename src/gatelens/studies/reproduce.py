@@ -17,6 +17,7 @@ is reused, an interrupted one resumed, an analysis already written re-run (it is
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from gatelens.io import atomic_write_many
 from gatelens.lens.analyze import analyze
 from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.report.reproduce_md import render_reproduce
+from gatelens.stops import Stopped
 from gatelens.studies.seed_compare import CELLS, SEED_FIGURES, compare, forget_bias_study
 from gatelens.training.config import TrainConfig
 from gatelens.training.runs import history_rows, read_config
@@ -55,7 +57,8 @@ def _say(progress: bool, msg: str) -> None:
 def _stop_if_interrupted(result) -> None:
     """Ctrl-C inside train() ends training cleanly; reproduce must stop there too."""
     if getattr(result, "interrupted", False):
-        raise KeyboardInterrupt
+        signum = getattr(result, "signum", None)  # SIGTERM, SIGHUP: exit 128 + it, not 130
+        raise Stopped(signum) if signum not in (None, signal.SIGINT) else KeyboardInterrupt
 
 
 def ensure_run(cfg: TrainConfig, run: Path, progress: bool = True) -> str:

@@ -40,6 +40,7 @@ from gatelens.errors import GatelensError
 from gatelens.io import SMALL_CAP, atomic_write_json, path_inside, read_utf8
 from gatelens.lock import is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
+from gatelens.stops import kept_handlers
 from gatelens.studies.estimate import cell_of, estimate, makespan, measure_trial, step_seconds
 from gatelens.studies.spec import (
     StudySpec,
@@ -216,7 +217,10 @@ def ray_session(workers: int | None = None, address: str | None = None) -> Itera
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:
-        with warnings.catch_warnings():  # only Ray's own deprecations, only while it starts
+        # warnings: only Ray's own deprecations, only while it starts; kept_handlers:
+        # ray.init's SIGTERM handlers (one exits without unwinding, a C one prints a stack
+        # dump) undone, so SIGTERM stops a study as Ctrl-C does
+        with warnings.catch_warnings(), kept_handlers():
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray(\..*)?")
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\..*)?")
             kw = {"logging_level": logging.WARNING, "log_to_driver": False}

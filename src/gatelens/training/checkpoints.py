@@ -126,3 +126,15 @@ def _resume_config(saved: dict, overrides: dict, out: Path) -> TrainConfig:
             raise GatelensError(f"{out}: --{name.replace('_', '-')} {value} differs from the "
                                 f"run's {getattr(cfg, name)}; a resumed run keeps its settings")
     return cfg
+
+
+def mark_interrupted(out: Path) -> None:
+    """OUT/config.json, if written and still "running", says "interrupted": a stop that
+    came outside the training loop's own (its steps_done and best are the last
+    checkpoint's, where --resume continues). An unreadable one is left as it is."""
+    try:
+        config = json.loads((out / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and config.get("status") == "running":
+        atomic_write_json(out / CONFIG, {**config, "status": "interrupted"})

@@ -13,6 +13,7 @@ import math
 import platform
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from gatelens.families.registry import recipe
 from gatelens.io import atomic_write_json, remove_leftovers
 from gatelens.lock import clear_held, is_lock_or_leftover, writing_dir
 from gatelens.progress import Progress
+from gatelens.stops import STOP_SIGNALS, Stopped, may_take, signal_name
 from gatelens.training.checkpoints import (
     HISTORY_FIELDS,
     RESUME,
@@ -37,6 +39,7 @@ from gatelens.training.checkpoints import (
     _restore,
     _resume_config,
     _saved_step,
+    mark_interrupted,
 )
 from gatelens.training.config import TrainConfig
 from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
@@ -173,27 +176,28 @@ def _versions() -> dict:
 
 
 class _StopFlag:
-    """Ctrl-C asks the loop to stop at the next step boundary; a second one aborts."""
+    """Ctrl-C, SIGTERM or SIGHUP (``stops.STOP_SIGNALS``, those ``stops.may_take``) asks the
+    loop to stop at the next step boundary; a second one aborts. ``signum``: the first."""
 
     def __init__(self) -> None:
         self.stop = False
-        self._old = None
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
 
     def __enter__(self) -> _StopFlag:
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:  # not the main thread: no handler, no graceful stop
-            self._old = None
+        if threading.current_thread() is threading.main_thread():  # else no graceful stop
+            self._old = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS
+                         if may_take(s)}
         return self
 
     def _handler(self, signum, frame) -> None:
         if self.stop:
-            raise KeyboardInterrupt
-        self.stop = True
+            raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
+        self.stop, self.signum = True, signum
 
     def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for s, h in self._old.items():
+            signal.signal(s, h)
 
 
 @dataclass
@@ -203,6 +207,7 @@ class TrainResult:
     best_step: int
     best_val_loss: float
     interrupted: bool
+    signum: int | None = None  # the signal that stopped it (SIGINT, SIGTERM, SIGHUP)
 
 
 class TrainingDiverged(CheckFailed):
@@ -247,7 +252,12 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
             raise ValueError("train() needs a TrainConfig unless resume=True")
         cfg.validate()
     with writing_dir(out) as out:
-        return _train(cfg, out, resume, progress, overrides or {}, on_step, stop_at)
+        try:
+            return _train(cfg, out, resume, progress, overrides or {}, on_step, stop_at)
+        except KeyboardInterrupt:  # a stop outside the loop's, or a second one: no "running"
+            mark_interrupted(out)
+            raise
+
 
 
 def _finite(model: CharLM) -> bool:
@@ -375,8 +385,10 @@ def _train(cfg: TrainConfig | None, out: Path, resume: bool, progress: bool,
             f"{config['steps_done']}, and its best step {config['best']['step']}")
     config["status"] = "interrupted" if interrupted and step < cfg.steps else "done"
     atomic_write_json(out / CONFIG, config)
-    if interrupted and step < cfg.steps:
-        print(f"gatelens: stopped at step {step} of {cfg.steps}; continue with "
+    stopped = interrupted and step < cfg.steps
+    if stopped:
+        by = f" ({signal_name(flag.signum)})" if flag.signum is not None else ""
+        print(f"gatelens: stopped at step {step} of {cfg.steps}{by}; continue with "
               f"`gatelens train --resume --out {out}`", file=sys.stderr)
     return TrainResult(out, step, config["best"]["step"], config["best"]["val_loss"],
-                       interrupted and step < cfg.steps)
+                       stopped, flag.signum if stopped else None)
