@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 import gatelens
 from gatelens.analysis.common import pooled
@@ -28,8 +29,6 @@ from gatelens.errors import GatelensError
 from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily, delta_keep
 from gatelens.families.official import scaled_diff
 from gatelens.report.json_report import check_report, schema
-
-transformers = pytest.importorskip("transformers")
 
 V, D, B, T, P = 11, 32, 2, 24, 6
 VOCAB = list("abcdefghij ")
