@@ -284,6 +284,29 @@ def test_analyze_measures_each_layer_and_the_split_is_the_operators():
     assert returns["model.layers.2.linear_attn"] > 1e-3
 
 
+# ---- the trainable stack (--cell hf-gated-deltanet) --------------------------------------
+def test_the_stack_is_one_family_of_its_layers_and_passes_the_one_step_check():
+    from gatelens.families.hf_gated_deltanet import GDN_RECIPE, GatedDeltaNetStack
+
+    torch.manual_seed(0)
+    stack = _spread(GDN_RECIPE.build(D, D, 2, settings=GDN_RECIPE.settings))
+    assert isinstance(stack, GatedDeltaNetStack)
+    model = torch.nn.Sequential(torch.nn.Embedding(V, D), stack, torch.nn.Linear(D, V))
+    lens = gatelens.Lens(model, vocab=VOCAB)
+    ((path, fam),) = lens.families.items()  # its layers are part of it, not opened again
+    assert path == "1" and fam.num_layers == 2 and fam.hidden_size == 2  # heads of 16
+    assert fam.names()[-6:] == ["layer1.alpha", "layer1.beta", "layer1.k", "layer1.v",
+                                "layer1.s", "layer1.y"]
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    rows = fam.one_step(call, ref)  # the norms, residuals and final norm are links too
+    assert len(rows) == 2 and max(r.max_scaled_diff_h for r in rows) < 1e-5
+    assert ref.extra["step_vs_forward"][1] < 1e-5 and ref.extra["final_vs_step"][1] < 1e-5
+    with torch.no_grad():
+        fam.float64().norms[1].weight.mul_(1.001)  # the top block's norm off
+    assert fam.one_step(call, ref)[1].max_scaled_diff_h > 1e-5
+
+
 # ---- refusals ------------------------------------------------------------------------------
 def test_a_cache_or_a_padding_mask_is_refused_in_one_line():
     mod = _gdn(qwen3_next())[0]
@@ -293,7 +316,7 @@ def test_a_cache_or_a_padding_mask_is_refused_in_one_line():
     assert fam.split_call((), {"hidden_states": x, "attention_mask": mask}) == (x, None)
     mask[0, :3] = 0
     inputs, state = fam.split_call((), {"hidden_states": x, "attention_mask": mask})
-    with pytest.raises(GatelensError, match="padding mask passed to layer 0"):
+    with pytest.raises(GatelensError, match="padding mask passed to Qwen3NextGatedDeltaNet"):
         fam.check(inputs, state)
     with pytest.raises(GatelensError, match="inputs must be a float tensor"):
         fam.check(torch.zeros(B, T, dtype=torch.long))

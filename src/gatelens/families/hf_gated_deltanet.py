@@ -25,6 +25,10 @@ that every token, the first too, takes that step; the whole-sequence forward (th
 state the chunked path leaves in a cache (``final_vs_step``). Both of the package's paths
 compute the delta rule in float32 whatever the model's dtype.
 
+``--cell hf-gated-deltanet`` trains a ``GatedDeltaNetStack``: Qwen3-Next's own layer in
+pre-norm residual blocks with no attention between them; the family opens it as one stack
+(its layers, norms and residuals checked link by link, as the Mamba stacks are).
+
 >>> import torch
 >>> from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 >>> cfg = Qwen3NextConfig(vocab_size=7, hidden_size=16, intermediate_size=16,
@@ -48,6 +52,7 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
 from gatelens.families.official import OfficialFamily, buffer_units, scaled_diff
+from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
 
 #: the classes opened, by module path (transformers stays unimported until one is opened)
@@ -104,6 +109,54 @@ def _act(name: str):
     return ACT2FN[name]
 
 
+class GatedDeltaNetStack(nn.Module):
+    """What ``--cell hf-gated-deltanet`` trains: ``layers`` of Qwen3-Next's own Gated DeltaNet
+    layer, each in a pre-norm residual block x ← x + GDN(RMSNorm x) (PyTorch's RMSNorm),
+    then a final RMSNorm; no attention and no MLP between them, so the stack is a
+    recurrence alone, as a Mamba stack is. (B, T, d) in, (B, T, d) out."""
+
+    def __init__(self, hidden: int, layers: int, settings: dict) -> None:
+        super().__init__()
+        import transformers
+
+        cfg = transformers.Qwen3NextConfig(
+            vocab_size=2, hidden_size=hidden, num_hidden_layers=layers, num_experts=0,
+            layer_types=["linear_attention"] * layers,
+            linear_num_key_heads=hidden // settings["key_head_dim"],
+            linear_num_value_heads=hidden // settings["value_head_dim"],
+            linear_key_head_dim=settings["key_head_dim"],
+            linear_value_head_dim=settings["value_head_dim"],
+            linear_conv_kernel_dim=settings["conv_kernel"])
+        gdn = transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextGatedDeltaNet
+        self.layers = nn.ModuleList(gdn(cfg, k) for k in range(layers))
+        self.norms = nn.ModuleList(nn.RMSNorm(hidden, eps=1e-6) for _ in range(layers))
+        self.norm_f = nn.RMSNorm(hidden, eps=1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for norm, layer in zip(self.norms, self.layers, strict=True):
+            x = x + layer(norm(x))
+        return self.norm_f(x)
+
+
+_SETTINGS = {"key_head_dim": 16, "value_head_dim": 16, "conv_kernel": 4}
+
+
+def _build(n_in: int, hidden: int, layers: int, *, settings: dict, **_: object) -> nn.Module:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # its notes on the missing fla / causal_conv1d kernels
+    return GatedDeltaNetStack(hidden, layers, settings)
+
+
+#: ``--cell hf-gated-deltanet``: heads of 16 (keys and values), conv 4; --hidden a multiple
+#: of 16 (the heads fill it)
+GDN_RECIPE = Recipe(
+    "hf-gated-deltanet", "Qwen3-Next's Gated DeltaNet layers (transformers) in pre-norm "
+    "residual blocks", _build, reads="embedded", flags=frozenset(),
+    package=("transformers", "transformers"), settings=_SETTINGS,
+    multiple=lambda heads: _SETTINGS["key_head_dim"], keep_words="Gated DeltaNet α a head")
+
+
 class HFGatedDeltaNetFamily(OfficialFamily):
     """One Gated DeltaNet layer of a Qwen3-Next / Qwen3.5 / OLMo Hybrid model."""
 
@@ -111,11 +164,21 @@ class HFGatedDeltaNetFamily(OfficialFamily):
     opens_what = ("transformers' Gated DeltaNet layers (Qwen3-Next, Qwen3.5, OLMo Hybrid; "
                   "each linear_attn inside the whole model)")
     specs = (GATED_DELTANET, GATED_DELTANET_NEG)
+    recipe = GDN_RECIPE
     units_name = "head"
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
-        return (type(module).__module__, type(module).__name__) in CLASSES
+        return type(module) is GatedDeltaNetStack or (
+            type(module).__module__, type(module).__name__) in CLASSES
+
+    @property
+    def _stack(self) -> bool:
+        return isinstance(self.module, GatedDeltaNetStack)
+
+    def layers(self, m: nn.Module) -> list[nn.Module]:
+        """The Gated DeltaNet layers of ``m`` (the module or its float64 copy), bottom up."""
+        return list(m.layers) if isinstance(m, GatedDeltaNetStack) else [m]
 
     # ---- facts ---------------------------------------------------------------------
     @property
@@ -124,30 +187,30 @@ class HFGatedDeltaNetFamily(OfficialFamily):
 
     @property
     def _neg(self) -> bool:
-        return bool(getattr(self.module, "allow_neg_eigval", False))
+        return bool(getattr(self.layers(self.module)[0], "allow_neg_eigval", False))
 
     @property
     def num_layers(self) -> int:
-        return 1
+        return len(self.layers(self.module))
 
     @property
     def hidden_size(self) -> int:
-        return int(self.module.num_v_heads)
+        return self.shape[1]
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
-        """(H_k, H_v, d_k, d_v, d_conv, conv channels)."""
-        m = self.module
+        """(H_k, H_v, d_k, d_v, d_conv, conv channels), the same in every layer."""
+        m = self.layers(self.module)[0]
         return (int(m.num_k_heads), int(m.num_v_heads), int(m.head_k_dim), int(m.head_v_dim),
                 int(m.conv_kernel_size), int(m.conv_dim))
 
     def describe(self) -> dict:
         m = self.module
         Hk, Hv, dk, dv, K, _ = self.shape
-        return {**super().describe(), "layer_index": int(m.layer_idx),
-                "layer_type": str(getattr(m, "layer_type", "linear_attention")),
-                "key_heads": Hk, "value_heads": Hv, "key_dim": dk, "value_dim": dv,
-                "conv_kernel": K}
+        where = {} if self._stack else {"layer_index": int(m.layer_idx), "layer_type": str(
+            getattr(m, "layer_type", "linear_attention"))}
+        return {**super().describe(), **where, "key_heads": Hk, "value_heads": Hv,
+                "key_dim": dk, "value_dim": dv, "conv_kernel": K}
 
     def state_units(self, k: int) -> Tensor:
         _, Hv, dk, dv, _, _ = self.shape
@@ -170,6 +233,8 @@ class HFGatedDeltaNetFamily(OfficialFamily):
 
     # ---- a call ------------------------------------------------------------------
     def split_call(self, args, kwargs):
+        if self._stack:
+            return super().split_call(args, kwargs)
         inputs = args[0] if args else kwargs.get("hidden_states")
         state = args[1] if len(args) > 1 else kwargs.get("cache_params")
         mask = args[2] if len(args) > 2 else kwargs.get("attention_mask")
@@ -180,53 +245,82 @@ class HFGatedDeltaNetFamily(OfficialFamily):
     def check(self, inputs, state=None) -> Call:
         if state is not None:
             raise GatelensError(
-                f"{self.name}: a cache or a padding mask passed to layer "
-                f"{self.module.layer_idx} ({type(self.module).__name__}) is not supported; "
+                f"{self.name}: a cache or a padding mask passed to "
+                f"{type(self.module).__name__} is not supported; "
                 "the analysis runs whole windows from the zero state")
         return OfficialFamily.check(self, inputs)
 
     # ---- the module's own computation ----------------------------------------------
     def _cache(self, batch: int, like: Tensor, primed: bool):
-        """transformers' own cache for this layer; ``primed``: a zero conv window and a
-        zero state already in it, so the first token takes the decode step too."""
+        """transformers' own cache for the layers; ``primed``: a zero conv window and a
+        zero state already in each, so the first token takes the decode step too."""
         from transformers.cache_utils import Cache, LinearAttentionLayer
 
-        m, (_, Hv, dk, dv, K, cd) = self.module, self.shape
-        cache = Cache(layers=[LinearAttentionLayer() for _ in range(int(m.layer_idx) + 1)])
-        if primed:
-            cache.update_conv_state(like.new_zeros(batch, cd, K), m.layer_idx)
-            cache.update_recurrent_state(torch.zeros(batch, Hv, dk, dv, device=like.device),
-                                         m.layer_idx)
+        (_, Hv, dk, dv, K, cd), idx = self.shape, [int(g.layer_idx) for g in self.layers(
+            self.module)]
+        cache = Cache(layers=[LinearAttentionLayer() for _ in range(max(idx) + 1)])
+        for i in idx if primed else ():
+            cache.update_conv_state(like.new_zeros(batch, cd, K), i)
+            cache.update_recurrent_state(torch.zeros(batch, Hv, dk, dv, device=like.device), i)
         return cache
 
+    def _run(self, x: Tensor, cache, record: list | None = None) -> Tensor:
+        """The module on x (B, T', d) through its own layers with ``cache`` (``record``: per
+        layer the block's input, the layer's input and output, the block's output)."""
+        if not self._stack:
+            y = self.module(hidden_states=x, cache_params=cache)
+            if record is not None:
+                record[0].append((x, x, y, y))
+            return y
+        m = self.module
+        for k, (norm, layer) in enumerate(zip(m.norms, m.layers, strict=True)):
+            u = norm(x)
+            y = layer(hidden_states=u, cache_params=cache)
+            if record is not None:
+                record[k].append((x, u, y, x + y))
+            x = x + y
+        return m.norm_f(x)
+
     def _forward(self, call: Call) -> Tensor:
-        return self.module(hidden_states=call.inputs)
+        return self._run(call.inputs, None)
+
+    @staticmethod
+    def _carried(layer) -> tuple[Tensor, Tensor]:
+        """(conv buffer (B, 1, (K − 1)·conv_dim), S (B, 1, H_v·d_v·d_k)) a cache layer holds
+        after a step: the next window's K − 1 inputs, oldest first; S from the package's Sᵀ."""
+        conv = layer.conv_states[0][..., 1:]  # (B, conv_dim, K − 1)
+        S = layer.recurrent_states[0]  # (B, H_v, d_k, d_v)
+        B = S.shape[0]
+        return (conv.transpose(1, 2).reshape(B, 1, -1).clone(),
+                S.transpose(-1, -2).reshape(B, 1, -1).clone())
 
     def _trajectory(self, call: Call) -> dict:
-        m, B = self.module, call.batch
-        cache = self._cache(B, call.inputs, primed=True)
-        layer = cache.layers[m.layer_idx]
-        outs, convs, states = [], [], []
+        L, mods = self.num_layers, self.layers(self.module)
+        cache = self._cache(call.batch, call.inputs, primed=True)
+        record: list[list] = [[] for _ in range(L)]
+        carried: list[list] = [[] for _ in range(L)]
+        outs = []
         for t in range(call.length):
-            outs.append(m(hidden_states=call.inputs[:, t : t + 1], cache_params=cache))
-            conv = layer.conv_states[0][..., 1:]  # (B, conv_dim, K − 1): the next window's
-            convs.append(conv.transpose(1, 2).reshape(B, 1, -1).clone())
-            S = layer.recurrent_states[0]  # (B, H_v, d_k, d_v): the package keeps Sᵀ
-            states.append(S.transpose(-1, -2).reshape(B, 1, -1).clone())
-        y = torch.cat(outs, dim=1)
-        return {"x": [call.inputs], "u": [call.inputs], "y": [y], "xo": [y],
-                "parts": [[torch.cat(convs, 1), torch.cat(states, 1)]], "aux": [None],
-                "output": y}
+            outs.append(self._run(call.inputs[:, t : t + 1], cache, record))
+            for k, g in enumerate(mods):
+                carried[k].append(self._carried(cache.layers[g.layer_idx]))
+        seq = [[torch.cat(z, dim=1) for z in zip(*record[k], strict=True)] for k in range(L)]
+        return {"x": [r[0] for r in seq], "u": [r[1] for r in seq], "y": [r[2] for r in seq],
+                "xo": [r[3] for r in seq], "aux": [None] * L, "output": torch.cat(outs, 1),
+                "parts": [[torch.cat(z, dim=1) for z in zip(*carried[k], strict=True)]
+                          for k in range(L)]}
 
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)
         with torch.no_grad():
             cache = self._cache(call.batch, call.inputs, primed=False)
-            self.module(hidden_states=call.inputs, cache_params=cache)  # the chunked prefill
-            S = cache.layers[self.module.layer_idx].recurrent_states[0]
-            final = S.transpose(-1, -2).reshape(call.batch, 1, -1)
-        ref.final = final[:, 0]
-        ref.extra["final_vs_step"] = scaled_diff(final, ref.extra["parts"][0][1][:, -1:])
+            self._run(call.inputs, cache)  # the chunked prefill
+        finals = [self._carried(cache.layers[g.layer_idx])[1]
+                  for g in self.layers(self.module)]  # (B, 1, S) each
+        ref.final = torch.cat(finals, dim=-1)[:, 0]
+        diffs = [scaled_diff(f, ref.extra["parts"][k][1][:, -1:])
+                 for k, f in enumerate(finals)]
+        ref.extra["final_vs_step"] = (max(d[0] for d in diffs), max(d[1] for d in diffs))
         return ref
 
     # ---- the hand cell ---------------------------------------------------------------
@@ -246,6 +340,7 @@ class HFGatedDeltaNetFamily(OfficialFamily):
     def step_cell(self, k, m, u, parts, aux):
         Hk, Hv, dk, dv, K, cd = self.shape
         buf, s = parts
+        m = self.layers(m)[k]
         qkv, z, b, a = self._project(m, u)
         window = torch.cat([buf.view(-1, K - 1, cd), qkv[:, None]], dim=1)  # (N, K, conv_dim)
         xc = (window * m.conv1d.weight[:, 0].T).sum(dim=1)
@@ -274,7 +369,10 @@ class HFGatedDeltaNetFamily(OfficialFamily):
         return sig, new, y
 
     def pre(self, k, m, x):
-        return x
+        return m.norms[k](x) if isinstance(m, GatedDeltaNetStack) else x
 
     def post(self, k, m, x, y):
-        return y
+        return x + y if isinstance(m, GatedDeltaNetStack) else y
+
+    def final(self, m, x):
+        return m.norm_f(x) if isinstance(m, GatedDeltaNetStack) else x
