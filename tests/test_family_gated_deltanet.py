@@ -331,6 +331,15 @@ def _qwen3_5():
     return transformers.Qwen3_5ForCausalLM(cfg)
 
 
+def _qwen3_5_moe():
+    cfg = transformers.Qwen3_5MoeTextConfig(
+        vocab_size=V, hidden_size=D, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, num_experts=2, num_experts_per_tok=1,
+        moe_intermediate_size=D, shared_expert_intermediate_size=D,
+        layer_types=["linear_attention", "full_attention"], **LINEAR)
+    return transformers.Qwen3_5MoeForCausalLM(cfg)
+
+
 def _olmo_hybrid():
     cfg = transformers.OlmoHybridConfig(
         vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
@@ -340,8 +349,10 @@ def _olmo_hybrid():
 
 
 @pytest.mark.parametrize("build,cell", [(_qwen3_5, "gated_deltanet"),
+                                        (_qwen3_5_moe, "gated_deltanet"),
                                         (_olmo_hybrid, "gated_deltanet_neg")])
 def test_qwen3_5_and_olmo_hybrid_layers_pass_the_one_step_check(build, cell):
+    # Qwen3.5-MoE's layer is Qwen3.5's; the MoE blocks around it are left alone
     torch.manual_seed(0)
     model = _spread(build())
     lens = gatelens.Lens(model, vocab=VOCAB)
