@@ -123,6 +123,7 @@ def test_lens_opens_only_the_gated_deltanet_layers():
                            "layer0.s", "layer0.y"]
     info = fam.describe()
     assert (info["layer_index"], info["hidden"], info["units"]) == (2, 4, "head")
+    assert info["left_alone"].startswith("the model's attention")
     assert fam.state_units(0).tolist() == [h for h in range(4) for _ in range(64)]
 
 
@@ -364,3 +365,11 @@ def test_qwen3_5_and_olmo_hybrid_layers_pass_the_one_step_check(build, cell):
     assert ref.extra["step_vs_forward"][1] < 1e-5
     beta = fam.read(call, ref).signals["layer0.beta"]
     assert float(beta.max()) > (1.0 if cell.endswith("neg") else 0.5)  # 2σ(·) in OLMo's
+
+
+def test_the_recipe_refuses_a_width_its_heads_do_not_fill():
+    from gatelens.training.config import TrainConfig
+
+    with pytest.raises(GatelensError, match="--hidden 24 must be a multiple of 16"):
+        TrainConfig(cell="hf-gated-deltanet", hidden=24).validate()
+    TrainConfig(cell="hf-gated-deltanet", hidden=32, layers=2).validate()

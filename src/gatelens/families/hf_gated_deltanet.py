@@ -207,8 +207,11 @@ class HFGatedDeltaNetFamily(OfficialFamily):
     def describe(self) -> dict:
         m = self.module
         Hk, Hv, dk, dv, K, _ = self.shape
-        where = {} if self._stack else {"layer_index": int(m.layer_idx), "layer_type": str(
-            getattr(m, "layer_type", "linear_attention"))}
+        where = {} if self._stack else {
+            "layer_index": int(m.layer_idx),
+            "layer_type": str(getattr(m, "layer_type", "linear_attention")),
+            "left_alone": "the model's attention, MLP and MoE layers (not recurrences); each "
+                          "of its Gated DeltaNet layers is opened and measured on its own"}
         return {**super().describe(), **where, "key_heads": Hk, "value_heads": Hv,
                 "key_dim": dk, "value_dim": dv, "conv_kernel": K}
 
