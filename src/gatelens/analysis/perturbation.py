@@ -31,6 +31,7 @@ layer's keep gate. Windows whose δs_p is exactly zero are left out (``n`` count
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +101,8 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
     keep = trace.keep_gate
     if keep is None:
         return None
+    if trace.spec.keep_operator is not None:
+        return _operator_split(trace, perturbed, position)
     s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
     f, f2 = (keep_on_state(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
     if trace.spec.candidate is None and not {"i", "g"} <= set(trace.spec.signals):
@@ -124,6 +127,39 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
         u = (f2[:, t] - f[:, t]) * s2[:, t - 1] + entry2[:, t] - entry[:, t]  # (B, S)
         forget[:, t] = f[:, t] * forget[:, t - 1]
         ret[:, t] = f[:, t] * ret[:, t - 1] + u
+    return {"measured": measured, "forget_path": forget, "return_path": ret}
+
+
+def keep_at(trace: Trace, t: int) -> Callable[[Tensor], Tensor]:
+    """The clean run's keep operator of step t on a pooled state s (B, S), layer by layer:
+    s -> A_t(s) by the cell's ``keep_operator`` (the delta rule's α S (I − β k kᵀ))."""
+    op = trace.spec.keep_operator
+    sigs = [{n: v[:, t].double() for n, v in trace.layer(k).items()}
+            for k in range(trace.num_layers)]
+    widths = [sig[trace.state_name].shape[-1] for sig in sigs]
+
+    def apply(s: Tensor) -> Tensor:
+        parts = torch.split(s, widths, dim=-1)
+        return torch.cat([op(sig, x) for sig, x in zip(sigs, parts, strict=True)], dim=-1)
+    return apply
+
+
+def _operator_split(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor]:
+    """``decompose`` for a keep operator (METHODS "The 2026 families"): the forget path
+    δS_{p+k} = A_{p+k} ∘ … ∘ A_{p+1}(δS_p) with the clean run's operators, a matrix product
+    per head; the return path carries the rest, r_t = A_t(r_{t−1}) + u_t, where u_t =
+    (A'_t − A_t)(s'_{t−1}) + e'_t − e_t (the perturbed run's own operator and write, e_t =
+    s_t − A_t(s_{t−1})) reduces to δs_t − A_t(δs_{t−1})."""
+    s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
+    measured = s2 - s
+    measured[:, :position] = 0.0
+    forget = torch.zeros_like(measured)
+    ret = torch.zeros_like(measured)
+    forget[:, position] = measured[:, position]
+    for t in range(position + 1, s.shape[1]):
+        A = keep_at(trace, t)
+        forget[:, t] = A(forget[:, t - 1])
+        ret[:, t] = A(ret[:, t - 1]) + measured[:, t] - A(measured[:, t - 1])
     return {"measured": measured, "forget_path": forget, "return_path": ret}
 
 

@@ -58,6 +58,7 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.hf_mamba:HFMambaFamily",
     "gatelens.families.hf_mamba2:HFMamba2Family",
     "gatelens.families.hf_rwkv:HFRwkvFamily",
+    "gatelens.families.hf_gated_deltanet:HFGatedDeltaNetFamily",
     "gatelens.families.mambapy:MambapyFamily",
 )
 #: kept for code that read the old name

@@ -14,9 +14,14 @@ perturbation reads, the value ranges the page colours by, and the names a reader
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gatelens.cells.names import layer_name, layer_names  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SIGMOID = (0.0, 1.0)
 TANH = (-1.0, 1.0)
@@ -44,6 +49,11 @@ class CellSpec:
             ``y`` where the cell's output is not its hidden state: Mamba, RWKV).
         bounds: value range of each bounded signal (sigmoid [0, 1], tanh [−1, 1]).
         display: a reader's name for each gate letter.
+        keep_operator: for a cell whose keep is an operator on the state, not a factor per
+            coordinate (the delta rule's α S (I − β k kᵀ)): ``keep_operator(signals, s)``
+            -> A_t(s), ``signals`` one layer's letters at one step (N, ·) and ``s`` (N, S)
+            that layer's state; the perturbation split's forget path applies it. None: the
+            keep gate scales each coordinate of s.
     """
 
     name: str
@@ -59,6 +69,7 @@ class CellSpec:
     output: str = "h"
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     display: dict[str, str] = field(default_factory=dict)
+    keep_operator: Callable[[dict[str, Tensor], Tensor], Tensor] | None = None
 
     def __post_init__(self) -> None:
         for what, letters in (("gates", self.gates), ("state", (self.state,)),

@@ -1,0 +1,93 @@
+"""Gated DeltaNet at Qwen3.5-0.8B's layer width: the cost of the per-token trace against the
+model's own forward, and the one-step error there.
+
+A 2-layer ``Qwen3_5ForCausalLM`` (Gated DeltaNet, then full attention; hidden 1024, 16 key
+and 16 value heads of 128, conv 4; random weights, the projections at 1/√fan-in so states
+are of order one) on B windows of T tokens. Timed (best of --repeats, CPU seconds of this
+process): the whole model's forward; the family's reference (the layer's own decode step, T
+calls with transformers' cache, plus one chunked forward for the final state); the anchored
+read (float64, every step at once); and the one-step check.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_gated_deltanet.py --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--length", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    import transformers
+    from transformers.utils import logging
+
+    from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily
+
+    logging.set_verbosity_error()
+    cfg = transformers.Qwen3_5TextConfig(
+        vocab_size=64, hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(cfg).eval()
+    layer = model.model.layers[0].linear_attn
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+            elif "conv1d" in name:
+                p.copy_(torch.randn(p.shape, generator=g) / 2)
+    ids = torch.randint(0, 64, (args.batch, args.length), generator=g)
+    captured = {}
+    hook = layer.register_forward_hook(
+        lambda m, a, kw, out: captured.update(x=kw["hidden_states"]), with_kwargs=True)
+    with torch.no_grad():
+        model(ids, use_cache=False)
+    hook.remove()
+    fam = HFGatedDeltaNetFamily(layer)
+    call = fam.check(captured["x"])
+    with torch.no_grad():
+        forward = _best(lambda: model(ids, use_cache=False), args.repeats)
+        reference = _best(lambda: fam.reference(call), args.repeats)
+        ref = fam.reference(call)
+        read = _best(lambda: fam.read(call, ref), args.repeats)
+        (row,) = fam.one_step(call, ref)
+    S = fam.shape[1] * fam.shape[2] * fam.shape[3]
+    print(f"B={args.batch} T={args.length} threads={args.threads}; state {S:,} a token")
+    print(f"model forward   {forward:8.3f} s")
+    print(f"reference       {reference:8.3f} s  ({reference / forward:.1f}x the forward)")
+    print(f"anchored read   {read:8.3f} s  ({read / forward:.1f}x the forward)")
+    print(f"trace total     {(reference + read) / forward:8.1f}x the forward")
+    print(f"one-step scaled {row.max_scaled_diff_h:.2g} (absolute {row.max_abs_diff_h:.2g}); "
+          f"chunked vs step {ref.extra['step_vs_forward'][1]:.2g}; "
+          f"final state {ref.extra['final_vs_step'][1]:.2g}")
+
+
+if __name__ == "__main__":
+    main()
