@@ -37,6 +37,8 @@ from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
+    from gatelens.interventions.edits import Edit
+    from gatelens.interventions.run import RunResult
 
 __all__ = ["Lens", "LensResult", "output_logits", "unpack_equal"]
 
@@ -123,8 +125,8 @@ class Lens:
             raise GatelensError(f"{type(model).__name__}: parameter {meta!r} is on the meta "
                                 "device (no values); load the weights first")
         self.model = model
-        self.run = run_of(model)
-        self.vocab = self.run.vocab if vocab is None and self.run is not None else vocab
+        self.run_info = run_of(model)
+        self.vocab = self.run_info.vocab if vocab is None and self.run_info is not None else vocab
         self.encode = encode
         self.families: dict[str, Family] = {}
         for path, m in model.named_modules():
@@ -137,6 +139,15 @@ class Lens:
             raise GatelensError(f"{type(model).__name__} has no recurrent module for gatelens "
                                 f"to open (it opens {supported()})")
         self._check_vocab()
+
+    def run(self, ids: Tensor, edits: Sequence[Edit] = ()) -> RunResult:
+        """The whole model on ids (B, T) int64 with ``edits`` inside its recurrent modules
+        (``gatelens.Set``, ``Add``, ``Scale``, ``Zero``, ``Mean``, ``Patch``;
+        docs/interventions.md): ``res.output`` is what the model's forward returned,
+        ``res.trace`` every module's signals on the edited run, keyed like ``open_cells``."""
+        from gatelens.interventions.run import run_edits
+
+        return run_edits(self, ids, edits)
 
     def _check_vocab(self) -> None:
         """The vocabulary against the model's first lookup: an embedding's rows, or a
@@ -263,13 +274,13 @@ class Lens:
         """report.json's "model" block for the module at ``path``."""
         info = {**self.families[path].describe(), "step": None, "path": path,
                 "class": type(self.model).__name__}
-        if self.run is not None:
-            info.update(self.run.model_block())
+        if self.run_info is not None:
+            info.update(self.run_info.model_block())
         return info
 
     def _baseline(self, path: str) -> tuple[int, nn.Module, Runner] | None:
         """(step 0, its module, its runner) of a run's untrained model, else None."""
-        base = None if self.run is None else self.run.baseline()
+        base = None if self.run_info is None else self.run_info.baseline()
         if base is None:
             return None
         lens = Lens(base, self.vocab, self.encode)
@@ -288,17 +299,17 @@ class Lens:
         from gatelens.analysis.measure import measure
 
         if seed is None:
-            seed = 0 if self.run is None else self.run.seed
+            seed = 0 if self.run_info is None else self.run_info.seed
         a = measure(self.modules[path], self.runner(path), ids, chars, perturb_pos=perturb_pos,
-                    seed=seed, init_value=0.5 if self.run is None else self.run.init_keep,
+                    seed=seed, init_value=0.5 if self.run_info is None else self.run_info.init_keep,
                     baseline=self._baseline(path), model=self.describe(path),
                     text=text or {"windows": int(ids.shape[0]), "length": int(ids.shape[1]),
                                   "source": "ids"},
                     chunk=chunk, progress=progress, timings=timings, exponents=exponents,
                     fixed_points=fixed_points, memory_windows=memory_windows)
-        if self.run is not None:
-            a.history, a.best_step, a.control = (self.run.history(), self.run.best_step,
-                                                 self.run.control())
+        if self.run_info is not None:
+            a.history, a.best_step, a.control = (self.run_info.history(), self.run_info.best_step,
+                                                 self.run_info.control())
         return a
 
     def analyze(self, text_or_ids: str | os.PathLike | Tensor, *,
