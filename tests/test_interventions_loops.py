@@ -154,6 +154,9 @@ def test_gatelens_charlm_and_a_family_not_supported_yet() -> None:
     assert torch.equal(out[:, :4], logits[:, :4])
     assert torch.equal(c2[1], res.trace["rnn.layer1.c"][:, 3])  # c held from step 3 on
     assert torch.equal(c2[0], c_n[0])  # layer 0 untouched
-    mingru = CharLM(vocab_size=V, hidden=H, cell="mingru")
-    with pytest.raises(GatelensError, match="interventions do not support the mingru family"):
-        gatelens.Lens(mingru).run(ids, edits=[gatelens.Zero("rnn.layer0.h", at=3)])
+    from gatelens.cells.variants import VariantLSTM
+
+    peep = nn.Sequential(nn.Embedding(V, E), VariantLSTM(E, H, peepholes=True))
+    with pytest.raises(GatelensError, match="interventions do not support the variant_lstm "
+                                            r"family \(VariantLSTM\) yet"):
+        gatelens.Lens(peep).run(ids, edits=[gatelens.Zero("1.layer0.h", at=3)])
