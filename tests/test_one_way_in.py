@@ -110,5 +110,5 @@ def test_a_run_is_an_explicit_context_lens_takes(runs) -> None:
     assert len(info.vocab) == model.vocab_size and info.seed == 3
     assert gatelens.Lens(info).vocab == info.vocab
     # the context is an argument, never an attribute stuck on the module
-    assert not hasattr(model, "gatelens_run") and gatelens.Lens(model).run is None
+    assert not hasattr(model, "gatelens_run") and gatelens.Lens(model).run_info is None
     assert gatelens.Lens(model, run=info).vocab == info.vocab

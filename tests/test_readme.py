@@ -41,7 +41,8 @@ COVERED = {"load_file(\"RUN/model.safetensors\")": "test_checkpoint_example",
            "gatelens.trace(lstm": "test_trace_example",
            "class CharModel": "test_lens_example_reads_the_file_it_names",
            "gatelens.open_onnx(": "test_onnx_and_keras_example",
-           "gatelens.open_cells(model)": "test_cell_loop_example"}
+           "gatelens.open_cells(model)": "test_cell_loop_example",
+           "lens.run(ids, edits=[": "test_interventions_example"}
 
 
 def test_every_readme_example_is_run_by_a_test():
@@ -146,3 +147,33 @@ def test_cell_loop_example(monkeypatch, tmp_path):
     exec("import gatelens\n" + block.replace("gatelens.Lens(", "result = gatelens.Lens("), ns)
     assert tuple(ns["cache"]["cell.layer0.f"].shape) == (B, T, H)
     assert ns["result"].reports["cell"]["verification"]["passed"]
+
+
+def test_interventions_example(monkeypatch, tmp_path):
+    import gatelens
+
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    V, T = 9, 64
+
+    class CharModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(V, 16)
+            self.lstm = torch.nn.LSTM(16, 24, num_layers=2, batch_first=True)
+            self.head = torch.nn.Linear(24, V)
+
+        def forward(self, ids):
+            return self.head(self.lstm(self.embed(ids))[0])
+
+    model, g = CharModel(), torch.Generator().manual_seed(1)
+    ids, other = (torch.randint(0, V, (2, T), generator=g) for _ in range(2))
+    ns = {"model": model, "ids": ids, "other_ids": other, "v": torch.randn(24)}
+    exec(find("lens.run(ids, edits=["), ns)
+    c = ns["res"].trace["lstm.layer0.c"][:, 31:, [5, 17]]
+    assert torch.equal(c, c[:, :1].expand_as(c))  # held exactly, as the comment says
+    with torch.no_grad():
+        own = model(ids)
+    out = ns["res"].output
+    assert torch.equal(out[:, :32], own[:, :32]) and not torch.allclose(out[:, 32:], own[:, 32:])
+    assert gatelens.Set in (type(e) for e in ns["res"].edits)

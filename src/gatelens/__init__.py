@@ -32,14 +32,20 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "measure": "gatelens.analysis.measure", "reproduce": "gatelens.studies.reproduce",
          "Lens": "gatelens.lens.lens", "LensResult": "gatelens.lens.lens",
          "load_run": "gatelens.lens.run",
+         # interventions (Lens.run's edits)
+         "Set": "gatelens.interventions.edits", "Add": "gatelens.interventions.edits",
+         "Scale": "gatelens.interventions.edits", "Zero": "gatelens.interventions.edits",
+         "Mean": "gatelens.interventions.edits", "Patch": "gatelens.interventions.edits",
+         "RunResult": "gatelens.interventions.run",
          "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
          "open_keras": "gatelens.loaders.keras_file"}
 
-__all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
-           "VerifyResult", "analyze", "families", "fixed_points", "gate_names", "half_life",
-           "load_run",
+__all__ = ["Add", "Analysis", "CellCache", "Lens", "LensResult", "Mean", "Patch", "RunResult",
+           "Scale", "Set", "Trace", "VERIFY_TOL",
+           "VerifyResult", "Zero", "analyze", "families", "fixed_points", "gate_names",
+           "half_life", "load_run",
            "measure", "open_cells",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]

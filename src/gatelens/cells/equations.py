@@ -22,6 +22,7 @@ added, as PyTorch adds them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,13 @@ from torch.nn import functional as F
 #: the trace cell of each ATen ``module.mode`` of PyTorch's recurrent modules
 MODES = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
 
+#: an edit inside a step: (trace letter, the value the step computed) -> the value it goes on
+#: with (interventions: a gate edited here changes the state through the cell's equations)
+StepEdit = Callable[[str, Tensor], Tensor]
+
+
+def _keep(letter: str, value: Tensor) -> Tensor:
+    return value
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,8 @@ def lstm_gates(w: CellWeights, x: Tensor, h: Tensor) -> dict[str, Tensor]:
             "o": torch.sigmoid(zo)}
 
 
-def lstm_output(w: CellWeights, o: Tensor, c: Tensor) -> dict[str, Tensor]:
+def lstm_output(w: CellWeights, o: Tensor, c: Tensor,
+                edit: StepEdit | None = None) -> dict[str, Tensor]:
     """h = o ⊙ tanh(c), or with a projection m = o ⊙ tanh(c) and h = W_hr m.
 
     >>> w = cell_weights(torch.nn.LSTM(3, 4, proj_size=2))
@@ -108,12 +117,17 @@ def lstm_output(w: CellWeights, o: Tensor, c: Tensor) -> dict[str, Tensor]:
     """
     m = o * torch.tanh(c)  # (..., H)
     if w.w_hr is None:
-        return {"h": m}
+        return {"h": m if edit is None else edit("h", m)}
+    if edit is not None:
+        m = edit("m", m)
+        return {"m": m, "h": edit("h", F.linear(m, w.w_hr))}
     return {"m": m, "h": F.linear(m, w.w_hr)}  # (..., P)
 
 
-def lstm_step(w: CellWeights, x: Tensor, h: Tensor, c: Tensor) -> dict[str, Tensor]:
-    """One LSTM step: i, f, g, o, c' = f ⊙ c + i ⊙ g, (m,) h'.
+def lstm_step(w: CellWeights, x: Tensor, h: Tensor, c: Tensor,
+              edit: StepEdit | None = None) -> dict[str, Tensor]:
+    """One LSTM step: i, f, g, o, c' = f ⊙ c + i ⊙ g, (m,) h'. ``edit`` (interventions)
+    receives each signal as the step computes it and returns the value the step goes on with.
 
     >>> w = cell_weights(torch.nn.LSTM(3, 4))
     >>> s = lstm_step(w, torch.randn(3), torch.zeros(4), torch.zeros(4))
@@ -121,13 +135,17 @@ def lstm_step(w: CellWeights, x: Tensor, h: Tensor, c: Tensor) -> dict[str, Tens
     True
     """
     sig = lstm_gates(w, x, h)
-    sig["c"] = sig["f"] * c + sig["i"] * sig["g"]  # (..., H)
-    sig.update(lstm_output(w, sig["o"], sig["c"]))
+    if edit is not None:
+        sig = {k: edit(k, v) for k, v in sig.items()}
+    sig["c"] = (edit or _keep)("c", sig["f"] * c + sig["i"] * sig["g"])  # (..., H)
+    sig.update(lstm_output(w, sig["o"], sig["c"], edit))
     return sig
 
 
-def gru_step(w: CellWeights, x: Tensor, h: Tensor) -> dict[str, Tensor]:
+def gru_step(w: CellWeights, x: Tensor, h: Tensor,
+             edit: StepEdit | None = None) -> dict[str, Tensor]:
     """One GRU step: r, z, n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)), h' = (1 − z) ⊙ n + z ⊙ h.
+    ``edit``: as for ``lstm_step``.
 
     >>> w = cell_weights(torch.nn.GRU(3, 4))
     >>> list(gru_step(w, torch.randn(2, 3), torch.zeros(2, 4)))
@@ -135,26 +153,32 @@ def gru_step(w: CellWeights, x: Tensor, h: Tensor) -> dict[str, Tensor]:
     """
     xr, xz, xn = F.linear(x, w.w_ih, w.b_ih).chunk(3, dim=-1)  # (..., H) each
     hr, hz, hn = F.linear(h, w.w_hh, w.b_hh).chunk(3, dim=-1)  # (..., H) each
-    r = torch.sigmoid(xr + hr)
-    z = torch.sigmoid(xz + hz)
-    n = torch.tanh(xn + r * hn)
-    return {"r": r, "z": z, "n": n, "h": (1 - z) * n + z * h}
+    e = edit or _keep
+    r = e("r", torch.sigmoid(xr + hr))
+    z = e("z", torch.sigmoid(xz + hz))
+    n = e("n", torch.tanh(xn + r * hn))
+    return {"r": r, "z": z, "n": n, "h": e("h", (1 - z) * n + z * h)}
 
 
-def rnn_step(w: CellWeights, x: Tensor, h: Tensor) -> dict[str, Tensor]:
+def rnn_step(w: CellWeights, x: Tensor, h: Tensor,
+             edit: StepEdit | None = None) -> dict[str, Tensor]:
     """One plain RNN step: pre = W_ih x + b_ih + W_hh h + b_hh, h' = tanh(pre) or relu(pre).
+    ``edit``: as for ``lstm_step``.
 
     >>> w = cell_weights(torch.nn.RNN(3, 4, nonlinearity="relu"))
     >>> s = rnn_step(w, torch.randn(3), torch.zeros(4))
     >>> bool(torch.equal(s["h"], s["pre"].clamp(min=0)))
     True
     """
-    pre = F.linear(x, w.w_ih, w.b_ih) + F.linear(h, w.w_hh, w.b_hh)  # (..., H)
-    return {"pre": pre, "h": torch.tanh(pre) if w.cell == "rnn_tanh" else torch.relu(pre)}
+    e = edit or _keep
+    pre = e("pre", F.linear(x, w.w_ih, w.b_ih) + F.linear(h, w.w_hh, w.b_hh))  # (..., H)
+    return {"pre": pre, "h": e("h", torch.tanh(pre) if w.cell == "rnn_tanh" else torch.relu(pre))}
 
 
-def step(w: CellWeights, x: Tensor, h: Tensor, c: Tensor | None = None) -> dict[str, Tensor]:
-    """One step of whichever cell ``w`` belongs to; ``c`` is required for the LSTM only.
+def step(w: CellWeights, x: Tensor, h: Tensor, c: Tensor | None = None,
+         edit: StepEdit | None = None) -> dict[str, Tensor]:
+    """One step of whichever cell ``w`` belongs to; ``c`` is required for the LSTM only;
+    ``edit`` as for ``lstm_step``.
 
     >>> w = cell_weights(torch.nn.RNN(3, 4))
     >>> list(step(w, torch.randn(3), torch.zeros(4)))
@@ -163,9 +187,9 @@ def step(w: CellWeights, x: Tensor, h: Tensor, c: Tensor | None = None) -> dict[
     if w.cell == "lstm":
         if c is None:
             raise ValueError("an LSTM step needs the previous cell state c")
-        return lstm_step(w, x, h, c)
+        return lstm_step(w, x, h, c, edit)
     if c is not None:
         raise ValueError(f"a {w.cell} step has no cell state; got c")
     if w.cell == "gru":
-        return gru_step(w, x, h)
-    return rnn_step(w, x, h)
+        return gru_step(w, x, h, edit)
+    return rnn_step(w, x, h, edit)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,12 @@ from gatelens.cells.scan import scan, scan_sequential
 from gatelens.errors import GatelensError
 
 State = Tensor | tuple[Tensor, ...] | None
+#: an edit inside a layer (interventions): (letter, the value computed) -> the value used
+Edit = Callable[[str, Tensor], Tensor]
+
+
+def _keep(letter: str, value: Tensor) -> Tensor:
+    return value
 
 
 class ModernRNN(nn.Module, abc.ABC):
@@ -130,10 +137,16 @@ class ModernRNN(nn.Module, abc.ABC):
             mode == "auto" and x.is_cuda))
         return out, final  # (B, T, H)
 
+    #: signals computed from the others that no later one reads (editing them would change
+    #: nothing but their read-out)
+    derived: tuple[str, ...] = ()
+
     @abc.abstractmethod
-    def layer(self, k: int, inp: Tensor, init: tuple[Tensor, ...],
-              parallel: bool) -> tuple[dict[str, Tensor], tuple[Tensor, ...]]:
-        """Layer k of the cell on its whole input: its signals and its final state."""
+    def layer(self, k: int, inp: Tensor, init: tuple[Tensor, ...], parallel: bool,
+              edit: Edit | None = None) -> tuple[dict[str, Tensor], tuple[Tensor, ...]]:
+        """Layer k of the cell on its whole input: its signals and its final state.
+        ``edit`` (interventions, sequential only) receives each signal (B, T, H) as it is
+        computed and returns the value the layer goes on with."""
 
     def stack_step(self, x_t: Tensor, parts: list[Tensor]) -> list[Tensor]:
         """One step of the whole stack on the divergence rate's carried state: per layer h
@@ -161,14 +174,16 @@ class MinGRU(ModernRNN):
 
     cell, chunks = "mingru", ("z", "cand")
 
-    def layer(self, k, inp, init, parallel):
+    def layer(self, k, inp, init, parallel, edit=None):
+        e = edit or _keep
         pre_z, cand = self.proj[k](inp).chunk(2, dim=-1)  # (B, T, H) each
-        z = torch.sigmoid(pre_z)
-        keep = 1 - z
+        z = e("z", torch.sigmoid(pre_z))
+        cand = e("cand", cand)
+        keep = e("keep", 1 - z)
         if parallel:
             h = scan(keep, z * cand, init[0])  # (B, T, H)
         else:
-            h = scan_sequential(keep, z * cand, init[0])  # (B, T, H)
+            h = e("h", scan_sequential(keep, z * cand, init[0]))  # (B, T, H)
         return {"z": z, "cand": cand, "keep": keep, "h": h}, (h[:, -1],)
 
 
@@ -178,16 +193,21 @@ class MinLSTM(ModernRNN):
 
     cell, chunks = "minlstm", ("f", "i", "cand")
 
-    def layer(self, k, inp, init, parallel):
+    def layer(self, k, inp, init, parallel, edit=None):
+        e = edit or _keep
         pre_f, pre_i, cand = self.proj[k](inp).chunk(3, dim=-1)  # (B, T, H) each
-        f, i = torch.sigmoid(pre_f), torch.sigmoid(pre_i)
+        f0, i0 = torch.sigmoid(pre_f), torch.sigmoid(pre_i)
+        f, i, cand = e("f", f0), e("i", i0), e("cand", cand)
         # f* = f/(f + i) = σ(ln σ(f̃) − ln σ(ĩ)): finite where f and i both underflow to 0
         gap = F.logsigmoid(pre_f) - F.logsigmoid(pre_i)  # (B, T, H)
         keep, write = torch.sigmoid(gap), torch.sigmoid(-gap)  # f*, i*
+        if f is not f0 or i is not i0:  # an edited f or i: f*, i* from the edited values
+            keep, write = f / (f + i), i / (f + i)
+        keep = e("keep", keep)
         if parallel:
             h = scan(keep, write * cand, init[0])  # (B, T, H)
         else:
-            h = scan_sequential(keep, write * cand, init[0])  # (B, T, H)
+            h = e("h", scan_sequential(keep, write * cand, init[0]))  # (B, T, H)
         return {"f": f, "i": i, "cand": cand, "keep": keep, "h": h}, (h[:, -1],)
 
 
@@ -195,6 +215,7 @@ class SLSTM(ModernRNN):
     """sLSTM with ``heads`` blocks of recurrent weights R (block-diagonal), stabilised."""
 
     cell, chunks, n_state = "slstm", ("z", "i", "f", "o"), 4
+    derived = ("kappa",)
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  heads: int = 1) -> None:
@@ -213,7 +234,8 @@ class SLSTM(ModernRNN):
         hh = h.view(B, self.heads, -1)  # (B, heads, d)
         return torch.einsum("bnd,gnde->bgne", hh, self.R[k]).reshape(B, -1)  # (B, 4H)
 
-    def layer(self, k, inp, init, parallel):
+    def layer(self, k, inp, init, parallel, edit=None):
+        e = edit or _keep
         pre_x = self.proj[k](inp)  # (B, T, 4H)
         h, c, n, m = init
         # An empty state (n = 0) carries nothing for the stabiliser to keep in range, so its
@@ -224,14 +246,14 @@ class SLSTM(ModernRNN):
         out: dict[str, list[Tensor]] = {name: [] for name in names}
         for x_t in pre_x.unbind(1):  # one backward for all steps (pre_x[:, t] costs O(T²))
             pz, pi, pf, po = (x_t + self.recurrent(k, h)).chunk(4, dim=-1)  # (B, H)
-            z, o, log_f = torch.tanh(pz), torch.sigmoid(po), F.logsigmoid(pf)
-            m_new = torch.maximum(log_f + m, pi)  # (B, H)
-            i, f = torch.exp(pi - m_new), torch.exp(log_f + m - m_new)
-            n_new = f * n + i
+            z, o, log_f = e("z", torch.tanh(pz)), e("o", torch.sigmoid(po)), F.logsigmoid(pf)
+            m_new = e("m", torch.maximum(log_f + m, pi))  # (B, H)
+            i, f = e("i", torch.exp(pi - m_new)), e("f", torch.exp(log_f + m - m_new))
+            n_new = e("n", f * n + i)
             kappa = f * n / n_new
-            c, n, m = f * c + i * z, n_new, m_new
-            s = c / n
-            h = o * s
+            c, n, m = e("c", f * c + i * z), n_new, m_new
+            s = e("s", c / n)
+            h = e("h", o * s)
             for name, v in zip(names, (z, i, f, o, c, n, m, kappa, s, h), strict=True):
                 out[name].append(v)
         sig = {name: torch.stack(v, dim=1) for name, v in out.items()}  # (B, T, H)

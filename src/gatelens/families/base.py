@@ -260,3 +260,16 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         """The recurrence of each causal direction along the trajectory (float64)."""
+
+    # ---- interventions -----------------------------------------------------------------
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0
+                  ) -> tuple[Any, dict[str, Tensor]]:
+        """The module's output on ``call`` with ``plan``'s edits (families/edit_plan.py)
+        inside its steps, as the module returns it, and every signal of the edited
+        trajectory by trace name (B, T, ·). ``output``: what the module itself returned;
+        ``offset``: the window position of the call's first step. A family that cannot
+        yet says so in one line."""
+        from gatelens.errors import GatelensError
+
+        raise GatelensError(f"interventions do not support the {self.name} family "
+                            f"({type(self.module).__name__}) yet")

@@ -207,6 +207,13 @@ class ModernFamily(Family):
         top = readout.signals[f"{layer_name(self.num_layers - 1)}.y"]
         return float((top.double() - out.detach().double()).abs().max())
 
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0
+                  ) -> tuple[Any, dict[str, Tensor]]:
+        """Edits inside the layers' steps (families/modern_edit.py)."""
+        from gatelens.families.modern_edit import intervene
+
+        return intervene(self, call, plan, output, offset)
+
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         """The stack's step on its own state coordinates (``ModernRNN.stack_step``: per
         layer h; sLSTM h, s, ℓ = m + ln n), along the module re-run in float64. Step 0 makes

@@ -206,6 +206,25 @@ class TorchCellFamily(Family):
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         return self.inner.dynamics(call, ref)
 
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0
+                  ) -> tuple[Any, dict[str, Tensor]]:
+        """Edits inside the cell's step (families/torch_edit.py), returned as the cell
+        returns its state. Its one return value is both what the step puts out and the
+        state the caller hands back, so an edit here always carries."""
+        from gatelens.errors import GatelensError
+        from gatelens.families.torch_edit import intervene
+
+        if any(not c.carry for c in plan.changes):
+            raise GatelensError(f"carry=False cannot apply to a {type(self.module).__name__} "
+                                "stepped in a loop: its one return value is both the read-out "
+                                "and the state the caller hands back")
+        unbatched = bool(call.layout.get("unbatched"))
+        inner = Call(call.inputs, call.state, {**call.layout, "unbatched": False})
+        (_, parts), sig = intervene(self.inner, inner, plan, None, offset)
+        parts = parts if isinstance(parts, tuple) else (parts,)  # (1, B, H) each
+        state = tuple(p[0, 0] if unbatched else p[0] for p in parts)
+        return (state if self.two_states else state[0]), sig
+
     def output_diff(self, readout: Readout, output: Any) -> float | None:
         """``output`` is the Call whose recorded steps the read-out is compared with."""
         if isinstance(output, Call) and output.layout.get("recorded") is not None:

@@ -1,9 +1,12 @@
-"""Small tensor helpers the PyTorch families share (differences, the state each step reads)."""
+"""Small tensor helpers the PyTorch families share (differences, the state each step reads,
+a module of some of a module's own tensors)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def max_diff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
@@ -26,3 +29,20 @@ def previous(seq: Tensor, init: Tensor, reverse: bool) -> Tensor:
     if reverse:
         return torch.cat([seq[:, 1:], init], dim=1)
     return torch.cat([init, seq[:, :-1]], dim=1)
+
+
+def like(module: nn.RNNBase, num_layers: int, tensors: dict[str, Tensor], *,
+         bidirectional: bool, input_size: int) -> nn.RNNBase:
+    """A fresh eval module of ``module``'s class holding ``tensors`` (PyTorch's names),
+    built on the meta device so no weight is initialised, then given the tensors as they
+    are (shared, never copied)."""
+    kw: dict[str, Any] = dict(num_layers=num_layers, bias=module.bias, batch_first=True,
+                              bidirectional=bidirectional)
+    if isinstance(module, nn.LSTM):
+        kw["proj_size"] = module.proj_size
+    if isinstance(module, nn.RNN):
+        kw["nonlinearity"] = module.nonlinearity
+    with torch.device("meta"):
+        fresh = type(module)(input_size, module.hidden_size, **kw)
+    fresh.load_state_dict(tensors, assign=True)
+    return fresh.eval()

@@ -31,24 +31,7 @@ from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.spec import CellSpec, layer_name
 from gatelens.families.stepped import Recorded, Step, recorded_call, recorded_reference, torch_step
-from gatelens.families.torch_ops import max_diff, previous  # noqa: F401 - re-exported
-
-
-def like(module: nn.RNNBase, num_layers: int, tensors: dict[str, Tensor], *,
-         bidirectional: bool, input_size: int) -> nn.RNNBase:
-    """A fresh eval module of ``module``'s class holding ``tensors`` (PyTorch's names),
-    built on the meta device so no weight is initialised, then given the tensors as they
-    are (shared, never copied)."""
-    kw: dict[str, Any] = dict(num_layers=num_layers, bias=module.bias, batch_first=True,
-                              bidirectional=bidirectional)
-    if isinstance(module, nn.LSTM):
-        kw["proj_size"] = module.proj_size
-    if isinstance(module, nn.RNN):
-        kw["nonlinearity"] = module.nonlinearity
-    with torch.device("meta"):
-        fresh = type(module)(input_size, module.hidden_size, **kw)
-    fresh.load_state_dict(tensors, assign=True)
-    return fresh.eval()
+from gatelens.families.torch_ops import like, max_diff, previous  # noqa: F401 - re-exported
 
 
 class TorchRNNFamily(Family):
@@ -354,6 +337,13 @@ class TorchRNNFamily(Family):
             out.append(Dynamics(step, torch.cat(xs, dim=-1), traj, init, order,
                                 torch.cat(units), "reverse" if rev else "forward"))
         return out
+
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0
+                  ) -> tuple[Any, dict[str, Tensor]]:
+        """Edits inside the steps (families/torch_edit.py)."""
+        from gatelens.families.torch_edit import intervene
+
+        return intervene(self, call, plan, output, offset)
 
     #: the parts of one layer's carried state, in order (the LSTM: h then c)
     state_parts: ClassVar[tuple[str, ...]] = ("h",)

@@ -39,6 +39,8 @@ from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
+    from gatelens.interventions.edits import Edit
+    from gatelens.interventions.run import RunResult
 
 __all__ = ["Lens", "LensResult", "output_logits"]
 
@@ -116,14 +118,14 @@ class Lens:
             raise GatelensError(f"{type(model).__name__}: parameter {meta!r} is on the meta "
                                 "device (no values); load the weights first")
         self.model = model
-        self.run = run
+        self.run_info = run
         if tokenizer is not None:
             if vocab is not None:
                 raise GatelensError("Lens takes vocab= or tokenizer=, not both")
             check_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.unit = check_unit(unit or ("tokens" if tokenizer is not None else "characters"))
-        self.vocab = self.run.vocab if vocab is None and self.run is not None else vocab
+        self.vocab = self.run_info.vocab if vocab is None and self.run_info is not None else vocab
         self.encode = encode
         self.families: dict[str, Family] = {}
         for path, m in model.named_modules():
@@ -136,6 +138,15 @@ class Lens:
             raise GatelensError(f"{type(model).__name__} has no recurrent module for gatelens "
                                 f"to open (it opens {supported()})")
         self._check_vocab()
+
+    def run(self, ids: Tensor, edits: Sequence[Edit] = ()) -> RunResult:
+        """The whole model on ids (B, T) int64 with ``edits`` inside its recurrent modules
+        (``gatelens.Set``, ``Add``, ``Scale``, ``Zero``, ``Mean``, ``Patch``;
+        docs/interventions.md): ``res.output`` is what the model's forward returned,
+        ``res.trace`` every module's signals on the edited run, keyed like ``open_cells``."""
+        from gatelens.interventions.run import run_edits
+
+        return run_edits(self, ids, edits)
 
     def _check_vocab(self) -> None:
         """The vocabulary against the model's first lookup: an embedding's rows, or a
@@ -284,13 +295,13 @@ class Lens:
         """report.json's "model" block for the module at ``path``."""
         info = {**self.families[path].describe(), "step": None, "path": path,
                 "class": type(self.model).__name__, "unit": self.unit}
-        if self.run is not None:
-            info.update(self.run.model_block())
+        if self.run_info is not None:
+            info.update(self.run_info.model_block())
         return info
 
     def _baseline(self, path: str) -> tuple[int, nn.Module, Runner] | None:
         """(step 0, its module, its runner) of a run's untrained model, else None."""
-        base = None if self.run is None else self.run.baseline()
+        base = None if self.run_info is None else self.run_info.baseline()
         if base is None:
             return None
         lens = Lens(base.model, self.vocab, self.encode)
@@ -309,14 +320,14 @@ class Lens:
         from gatelens.analysis.measure import measure
 
         s = AnalysisSettings.build(settings, **options)
-        s = replace(s, seed=s.seed_or(0 if self.run is None else self.run.seed))
+        s = replace(s, seed=s.seed_or(0 if self.run_info is None else self.run_info.seed))
         return measure(self.modules[path], self.runner(path), ids, chars, s,
-                       init_value=0.5 if self.run is None else self.run.init_keep,
+                       init_value=0.5 if self.run_info is None else self.run_info.init_keep,
                        baseline=self._baseline(path),
                        model=self.describe(path) if model is None else model,
                        text=text or {"windows": int(ids.shape[0]),
                                      "length": int(ids.shape[1]), "source": "ids"},
-                       run=None if self.run is None else self.run.facts(), unit=self.unit,
+                       run=None if self.run_info is None else self.run_info.facts(), unit=self.unit,
                        chunk=chunk, progress=progress, timings=timings)
 
     def analyze(self, text_or_ids: str | os.PathLike | Tensor,

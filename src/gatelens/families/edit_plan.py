@@ -1,0 +1,78 @@
+"""What a family sees of an intervention: which signals of which layer change at which
+window positions, and a function that edits a value inside a step.
+
+``gatelens.interventions`` turns the user's edits (Set, Add, Scale, Zero, Mean, Patch) into
+one ``EditPlan`` per call of a module; a family's ``intervene`` (families/base.py) steps its
+cell at the plan's positions with ``plan.step_edit(layer, t)`` inside the step (the cell's
+own equations carry a gate edit into the state) and runs the module's own kernel
+everywhere else. Positions are window positions t (the state at t is the state after step
+t), whatever order a direction processes them in.
+
+>>> import torch
+>>> ch = StepChange("layer0", "f", frozenset({2}), carry=True,
+...                 apply=lambda t, v: torch.ones_like(v))
+>>> plan = EditPlan([ch])
+>>> plan.positions("layer0"), plan.local("layer0", 2)
+([2], False)
+>>> plan.step_edit("layer0", 2)("f", torch.zeros(1, 3)).tolist()
+[[1.0, 1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from gatelens.cells.equations import StepEdit
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """One edit of one signal (``letter``) of one layer and direction (``layer``, e.g.
+    ``layer1.reverse``) at window ``positions``. ``apply(t, value)`` returns the edited
+    value (B, W) from the one the step computed; ``carry`` False: the state handed to the
+    next step is the unedited one ("this position only")."""
+
+    layer: str
+    letter: str
+    positions: frozenset[int]
+    carry: bool
+    apply: Callable[[int, Tensor], Tensor]
+
+
+class EditPlan:
+    """The changes of one call of one module, by layer."""
+
+    def __init__(self, changes: Iterable[StepChange]) -> None:
+        self.changes = list(changes)
+
+    def __bool__(self) -> bool:
+        return bool(self.changes)
+
+    def layers(self) -> set[str]:
+        """The layers (and directions) something changes in."""
+        return {c.layer for c in self.changes}
+
+    def positions(self, layer: str) -> list[int]:
+        """The window positions at which ``layer`` has an edit, sorted."""
+        return sorted({t for c in self.changes if c.layer == layer for t in c.positions})
+
+    def local(self, layer: str, t: int) -> bool:
+        """Whether an edit of ``layer`` at ``t`` is "this position only" (carry=False)."""
+        return any(not c.carry and t in c.positions for c in self.changes if c.layer == layer)
+
+    def step_edit(self, layer: str, t: int, carried_only: bool = False) -> StepEdit:
+        """The edit inside step ``t`` of ``layer``: every change there (``carried_only``:
+        only those that carry forward, for the state handed to step t + 1)."""
+        here = [c for c in self.changes if c.layer == layer and t in c.positions
+                and (c.carry or not carried_only)]
+
+        def edit(letter: str, value: Tensor) -> Tensor:
+            for c in here:
+                if c.letter == letter:
+                    value = c.apply(t, value)
+            return value
+
+        return edit

@@ -1,0 +1,162 @@
+"""The whole model run with edits inside its recurrent modules (``Lens.run``).
+
+The model runs as usual (eval mode, no gradients); each edited module gets a forward
+hook that hands the module's call to its family (``Family.intervene``): the module's own
+kernel up to the first edited step, the family's step with the edit inside it, and the
+edited output returned in the module's place, so every later layer, the head and a
+decoder behind an encoder see the edited run. A module called one step at a time (a cell
+in a loop, a decoder called per step) is edited at the calls whose index is an edited
+position; the state it hands back carries the edit into the next call.
+
+The trace is ``open_cells``'s of the edited run (every module downstream reads what it
+really received), with each edited module's signals the edited trajectory's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from gatelens.cells.numerics import faithful_matmul, quiet_onednn
+from gatelens.errors import GatelensError
+from gatelens.families.base import Family, Readout
+from gatelens.interventions.edits import Edit
+from gatelens.interventions.resolve import Resolved, plan_of, resolve
+from gatelens.readout.hooks import CellCache, open_cells
+from gatelens.readout.stitch import is_step_call
+from gatelens.readout.trace import assemble
+
+if TYPE_CHECKING:
+    from gatelens.lens.lens import Lens
+
+__all__ = ["RunResult", "run_edits"]
+
+
+@dataclass
+class RunResult:
+    """What ``Lens.run`` returns: ``output``, what the model's forward returned on the
+    edited run; ``trace``, every recurrent module's signals on it, keyed like
+    ``open_cells`` (``"lstm.layer0.c"`` -> (B, T, H)); ``edits``, the edits as given."""
+
+    output: Any
+    trace: CellCache
+    edits: list[Edit] = field(default_factory=list)
+
+
+def _keys(lens: Lens) -> dict[str, tuple[str, str]]:
+    """Every trace key -> (module path, trace name), in the model's order."""
+    return {(f"{path}.{n}" if path else n): (path, n)
+            for path, fam in lens.families.items() for n in fam.names()}
+
+
+def _forward(lens: Lens, ids: Tensor) -> Any:
+    """The model on ids in eval mode, no gradients, every training flag restored."""
+    flags = {m: m.training for m in lens.model.modules()}
+    try:
+        lens.model.eval()
+        with torch.no_grad(), quiet_onednn():
+            return lens._forward(lens.model, ids)
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
+
+
+def clean_trace(lens: Lens, ids: Tensor) -> dict[str, Tensor]:
+    """The unedited run's trace on ids, flat (``open_cells``'s keys)."""
+    with open_cells(lens.model) as cache:
+        _forward(lens, ids)
+    return {k: cache[k] for k in cache}
+
+
+@dataclass
+class _Edited:
+    """What one edited module's hook did: per edited call, (offset, call, signals)."""
+
+    fam: Family
+    path: str
+    whole: int = 0
+    steps: int = 0
+    done: list = field(default_factory=list)
+
+
+def _hook(state: _Edited, resolved: list[Resolved], T: int):
+    fam, name = state.fam, state.path or "the model"
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        inputs, given = fam.split_call(args, kwargs)
+        if is_step_call(fam, inputs):
+            offset, length = state.steps, T
+            state.steps += 1
+        else:
+            if state.whole:
+                raise GatelensError(f"{name} ran more than once in one forward; an edit names "
+                                    "one call of a module")
+            state.whole += 1
+            offset, length = 0, None
+        try:
+            call = fam.check(inputs, given)
+        except (TypeError, ValueError) as e:
+            raise GatelensError(f"{name}: {e}") from None
+        plan = plan_of(resolved, state.path, length or call.length, name)
+        if not any(offset <= t < offset + call.length
+                   for layer in plan.layers() for t in plan.positions(layer)):
+            return None
+        with faithful_matmul(call.inputs.device):
+            out, sig = fam.intervene(call, plan, output, offset)
+        state.done.append((offset, call, sig))
+        return out
+
+    return hook
+
+
+def _edited_trace(cache: CellCache, state: _Edited) -> None:
+    """Each edited module's entries of ``cache`` made the edited trajectory's."""
+    fam, path = state.fam, state.path
+    cache.max_abs_diff.pop(path, None)  # it compared a read-out with the edited output
+    traces = cache.traces.get(path, [])
+    for offset, call, sig in state.done:
+        if not state.steps:  # one call on the whole sequence
+            traces[0] = assemble(fam, call, Readout(sig), edited=True)
+            continue
+        for n, tr in enumerate(traces):  # the stitched trajectory holding this call
+            first = int(tr.meta.get("first_call", 0))
+            if first <= offset < first + next(iter(tr.values())).shape[1]:
+                tensors = dict(tr.tensors)
+                for s, v in sig.items():
+                    t = tensors[s].clone()
+                    t[:, offset - first] = v[:, 0]
+                    tensors[s] = t
+                traces[n] = replace(tr, tensors=tensors, meta={**tr.meta, "edited": True})
+
+
+def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit]) -> RunResult:
+    """``lens.model`` on ``ids`` (B, T) int64 with ``edits`` (see ``Lens.run``)."""
+    if not isinstance(ids, Tensor):
+        raise GatelensError(f"Lens.run takes ids (B, T) int64; got {type(ids).__name__}")
+    ids = lens.windows(ids, 1, int(ids.shape[-1]) if ids.ndim else 1)[0]
+    if isinstance(edits, (Edit, str)) or not isinstance(edits, Sequence):
+        raise GatelensError("edits must be a list of gatelens.Set, Add, Scale, Zero, Mean or "
+                            f"Patch; got {type(edits).__name__}")
+    resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x), ids)
+    states = {p: _Edited(lens.families[p], p) for p in dict.fromkeys(r.path for r in resolved)}
+    handles = [lens.families[p].module.register_forward_hook(
+        _hook(st, resolved, int(ids.shape[1])), with_kwargs=True) for p, st in states.items()]
+    try:  # these hooks run before open_cells's, so it sees what each edited call returned
+        with open_cells(lens.model) as cache:
+            output = _forward(lens, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    for st in states.values():
+        _edited_trace(cache, st)
+    for r in resolved:
+        missing = sorted(r.expected - r.applied)
+        if missing:
+            raise GatelensError(f"{r.edit!r}: {r.path or 'the model'} never ran position "
+                                f"{missing[0]} in this forward (it ran "
+                                f"{states[r.path].steps or 'no step-by-step'} calls)")
+    return RunResult(output, cache, list(edits))
