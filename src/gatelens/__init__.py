@@ -35,11 +35,13 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
-         "open_keras": "gatelens.loaders.keras_file"}
+         "open_keras": "gatelens.loaders.keras_file",
+         # a local Hugging Face directory: transformers is imported only when called
+         "load_hf": "gatelens.loaders.hf_dir", "HFModel": "gatelens.loaders.hf_dir"}
 
-__all__ = ["Analysis", "CellCache", "Lens", "LensResult", "Trace", "VERIFY_TOL",
+__all__ = ["Analysis", "CellCache", "HFModel", "Lens", "LensResult", "Trace", "VERIFY_TOL",
            "VerifyResult", "analyze", "families", "fixed_points", "gate_names", "half_life",
-           "load_run",
+           "load_hf", "load_run",
            "measure", "open_cells",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]
