@@ -117,19 +117,77 @@ def test_load_hf_asks_transformers_for_local_files_and_never_remote_code(ckpt, m
     assert dict(seen)["MambaForCausalLM"]["use_safetensors"] is True
 
 
-def test_remote_code_is_refused_unless_asked_for(tmp_path, capsys, monkeypatch):
-    d = tmp_path / "remote"
+CONFIGURATION_TOY = """from transformers import PretrainedConfig
+
+open(MARKER, "w").close()  # the directory's own code ran
+
+
+class ToyConfig(PretrainedConfig):
+    model_type = "gatelens-toy"
+
+    def __init__(self, vocab_size=10, hidden=6, **kwargs):
+        self.vocab_size, self.hidden = vocab_size, hidden
+        super().__init__(**kwargs)
+"""
+MODELING_TOY = """from torch import nn
+from transformers import PreTrainedModel
+
+from .configuration_toy import ToyConfig
+
+
+class ToyForCausalLM(PreTrainedModel):
+    config_class = ToyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, 4)
+        self.lstm = nn.LSTM(4, config.hidden, batch_first=True)
+        self.head = nn.Linear(config.hidden, config.vocab_size)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, **kwargs):
+        return self.head(self.lstm(self.embed(input_ids))[0])
+"""
+
+
+def remote_dir(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A directory whose model is its own Python code (config.json's auto_map): an LSTM LM."""
+    d, marker = tmp_path / "remote", tmp_path / "ran"
     d.mkdir()
-    marker = tmp_path / "ran"
-    (d / "configuration_toy.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (d / "configuration_toy.py").write_text(CONFIGURATION_TOY.replace("MARKER",
+                                                                      repr(str(marker))))
+    (d / "modeling_toy.py").write_text(MODELING_TOY)
     (d / "config.json").write_text(json.dumps({
-        "model_type": "gatelens-toy", "auto_map": {"AutoConfig": "configuration_toy.ToyConfig"},
-        "architectures": ["ToyForCausalLM"]}))
-    save_file({"w": torch.zeros(2)}, str(d / "model.safetensors"))
+        "model_type": "gatelens-toy", "vocab_size": 10, "hidden": 6,
+        "architectures": ["ToyForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_toy.ToyConfig",
+                     "AutoModelForCausalLM": "modeling_toy.ToyForCausalLM"}}))
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 6, batch_first=True).state_dict()
+    tensors = {"embed.weight": torch.randn(10, 4), "head.weight": torch.randn(10, 6),
+               "head.bias": torch.zeros(10), **{f"lstm.{k}": v for k, v in lstm.items()}}
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d, marker, tensors
+
+
+def test_remote_code_is_refused_unless_asked_for(tmp_path, capsys, monkeypatch):
+    d, marker, tensors = remote_dir(tmp_path)
     msg = one_line(capsys, ["analyze", "--model", d, "--text", d / "config.json",
                             "--out", tmp_path / "out"])
     assert f"{d}/config.json: model_type 'gatelens-toy'" in msg and "--trust-remote-code" in msg
-    assert not marker.exists()
+    assert not marker.exists()  # the directory's code never ran
+    # asked for: transformers runs the directory's code (its copy kept under tmp_path)
+    import transformers.dynamic_module_utils as dynamic
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    hf = load_hf(d, trust_remote_code=True)
+    assert marker.exists() and type(hf.model).__name__ == "ToyForCausalLM"
+    assert torch.equal(hf.model.lstm.weight_hh_l0, tensors["lstm.weight_hh_l0"])
+    assert list(Lens(hf.model, vocab=hf.tokens()).families) == ["lstm"]
     # --trust-remote-code reaches load_hf
     called = {}
 
@@ -263,3 +321,27 @@ def test_analyze_model_dir_end_to_end_on_token_windows(ckpt, tmp_path, text, cap
     assert rep["verification"]["passed"] is True
     assert TOKENS_NOTE in (out / "report.md").read_text()
     assert (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize("config, cls, path, sizes", [
+    ("MambaConfig", "MambaForCausalLM", "backbone",
+     {"state_size": 4, "expand": 2, "conv_kernel": 3, "time_step_rank": 2}),
+    ("Mamba2Config", "Mamba2ForCausalLM", "backbone",
+     {"state_size": 4, "num_heads": 4, "head_dim": 8, "expand": 2, "n_groups": 2,
+      "conv_kernel": 3, "chunk_size": 8}),
+    ("RwkvConfig", "RwkvForCausalLM", "rwkv",
+     {"context_length": 32, "attention_hidden_size": 16, "intermediate_size": 32})])
+def test_every_transformers_family_round_trips_through_its_directory(tmp_path, config, cls,
+                                                                     path, sizes):
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config)(vocab_size=20, hidden_size=16, num_hidden_layers=2,
+                                        **sizes)
+    original = getattr(transformers, cls)(cfg).eval()
+    original.save_pretrained(tmp_path)
+    hf = load_hf(tmp_path)
+    assert type(hf.model).__name__ == cls and hf.tokenizer is None
+    assert list(Lens(hf.model, vocab=hf.tokens()).families) == [path]
+    ids = torch.randint(0, 20, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(hf.model(ids, use_cache=False).logits,
+                           original(ids, use_cache=False).logits)
