@@ -283,7 +283,12 @@ def test_text_needs_the_tokenizer_and_enough_tokens(ckpt, tmp_path, text, capsys
                             "--length", str(n), "--out", tmp_path / "o2"])
     assert f"{text}: {n} tokens, too few for 2 windows of {n} tokens" in msg
     assert "--text" in one_line(capsys, ["analyze", "--model", d, "--out", tmp_path / "o3"])
-    assert "one of them" in one_line(capsys, ["analyze", "run", "--model", d])
+    assert "--out DIR" in one_line(capsys, ["analyze", "--model", d, "--text", text])
+    for both in (["run", "--model", d], ["--weights", "w.pt", "--model", d], []):
+        assert "one of them" in one_line(capsys, ["analyze", *both])
+    # no --out and no run directory: one line, not a TypeError (the dispatch reads run first)
+    assert "--out DIR" in one_line(capsys, ["analyze", "--weights", "w.pt", "--vocab", "v.json",
+                                            "--text", text])
     # a tokenizer that gives ids past the model's embedding
     small = tmp_path / "small"
     save_mamba(small, tok, vocab=8)
