@@ -40,12 +40,13 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
-         "open_keras": "gatelens.loaders.keras_file"}
+         "open_keras": "gatelens.loaders.keras_file",
+         # a local Hugging Face directory: transformers is imported only when called
+         "load_hf": "gatelens.loaders.hf_dir", "HFModel": "gatelens.loaders.hf_dir"}
 
-__all__ = ["Add", "Analysis", "CellCache", "Lens", "LensResult", "Mean", "Patch", "RunResult",
-           "Scale", "Set", "Trace", "VERIFY_TOL",
-           "VerifyResult", "Zero", "analyze", "families", "fixed_points", "gate_names",
-           "half_life", "load_run",
+__all__ = ["Add", "Analysis", "CellCache", "HFModel", "Lens", "LensResult", "Mean", "Patch",
+           "RunResult", "Scale", "Set", "Trace", "VERIFY_TOL", "VerifyResult", "Zero", "analyze",
+           "families", "fixed_points", "gate_names", "half_life", "load_hf", "load_run",
            "measure", "open_cells",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]

@@ -210,6 +210,7 @@ def _add_analyze(sub) -> None:
 def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``gatelens analyze``: a run directory, or --weights/--vocab/--text."""
     from gatelens.lens.foreign import add_foreign_arguments
+    from gatelens.loaders.hf_analyze import add_hf_arguments
 
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or give "
                    "--weights, --vocab and --text for a model gatelens did not train")
@@ -232,6 +233,7 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
                    help="output directory (default RUN/analysis)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     add_foreign_arguments(p)
+    add_hf_arguments(p)
 
 
 def _cmd_analyze(args) -> int:
@@ -240,17 +242,22 @@ def _cmd_analyze(args) -> int:
     from gatelens.io import check_out_dir
     from gatelens.lens.analyze import analyze, analyze_foreign
 
-    if (args.run is None) == (args.weights is None):
+    if sum(x is not None for x in (args.run, args.weights, args.model)) != 1:
         raise GatelensError("analyze: give a run directory, or --weights FILE (with --vocab "
-                            "and --text) for a model gatelens did not train; not both")
+                            "and --text) or --model DIR (with --text) for a model gatelens "
+                            "did not train; one of them")
     if args.out is not None:  # before the work, not after it
         check_out_dir(args.out)
-    elif Path(args.run).is_dir():
+    elif args.run is not None and Path(args.run).is_dir():
         check_out_dir(Path(args.run) / "analysis")
     settings = AnalysisSettings.build(
         windows=args.windows, length=args.length, perturb_pos=args.perturb_pos,
         exponents=args.exponents, fixed_points=args.fixed_points)
-    if args.run is not None:
+    if args.model is not None:
+        from gatelens.loaders.hf_analyze import analyze_hf_from_args
+
+        a = analyze_hf_from_args(args)
+    elif args.run is not None:
         a = analyze(args.run, settings, checkpoint=args.checkpoint, text=args.text,
                     out=args.out, progress=not args.quiet)
     else:

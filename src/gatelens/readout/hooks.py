@@ -77,6 +77,44 @@ class CellCache(Mapping[str, Tensor]):
         return sum(len(tr) for calls in self.traces.values() for tr in calls)
 
 
+class _Running:
+    """What ``open_cells`` is in the middle of: which opened modules' forwards are running
+    (a call count per path), and whether a read-out is being computed (``busy``).
+
+    While ``busy``, every hook of the block does nothing: a family's reference re-runs the
+    module (and the modules inside it) itself, and those calls are the read-out's, not the
+    model's (hooking them recursed without end, and re-read inner modules once per step).
+    A module called while an opened module above it is running is read by that module's
+    family (its layers are that trace's ``layerK``), not again on its own.
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        self.busy = False
+        self.calls = dict.fromkeys(paths, 0)
+        self.above = {p: [q for q in paths if q != p and (q == "" or p.startswith(q + "."))]
+                      for p in paths}
+
+    def enter(self, path: str) -> None:
+        if not self.busy:
+            self.calls[path] += 1
+
+    def leave(self, path: str) -> None:
+        if not self.busy:
+            self.calls[path] -= 1
+
+    def inside_opened(self, path: str) -> bool:
+        """Whether an opened module above ``path`` is running (it reads this call)."""
+        return any(self.calls[q] > 0 for q in self.above[path])
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
+
+
 @contextlib.contextmanager
 def open_cells(model: nn.Module) -> Iterator[CellCache]:
     """Trace every recurrent module of ``model`` each time it runs inside the block.
@@ -88,19 +126,30 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
     first call was given). The hooks are removed on exit, also when the block raises.
     Traces use inference semantics (no inter-layer dropout); ``max_abs_diff`` shows any
     mismatch with what actually ran.
+
+    A family's own re-runs of its module are not hooked, and a recurrent module inside an
+    opened one (mingru-pytorch's minGRU layers inside its minLM) is read once, as a layer of
+    the outer module's trace: each module's reference runs once per forward at any depth.
     """
     cache = CellCache()
     handles = []
     stitchers: dict[str, Stitcher] = {}
+    opened = [(path, module, fam) for path, module in model.named_modules()
+              if (fam := family_of(module)) is not None]
+    running = _Running([path for path, _, _ in opened])
 
     def make_hook(path: str, fam: Family):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            # always called, also when the forward raised (output None): the count stays true
+            running.leave(path)
+            if output is None or running.busy or running.inside_opened(path):
+                return
             inputs, state = fam.split_call(args, kwargs)
             if is_step_call(fam, inputs):
                 stitchers.setdefault(path, Stitcher(fam)).add(inputs, state, output)
                 return
             call = fam.check(inputs, state)
-            with torch.no_grad(), faithful_matmul(call.inputs.device):
+            with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device):
                 packed = call.layout.get("packed") is not None
                 ro = fam.rerun(call) if packed else fam.read(call, fam.reference(call))
                 diff = fam.output_diff(ro, output)
@@ -111,17 +160,17 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
         return hook
 
     try:
-        for path, module in model.named_modules():
-            fam = family_of(module)
-            if fam is not None:
-                handles.append(module.register_forward_hook(make_hook(path, fam),
-                                                            with_kwargs=True))
+        for path, module, fam in opened:
+            handles.append(module.register_forward_pre_hook(
+                lambda *_, p=path: running.enter(p)))
+            handles.append(module.register_forward_hook(make_hook(path, fam),
+                                                        with_kwargs=True, always_call=True))
         yield cache
         for path, st in stitchers.items():
             fam = st.fam
             for rec in st.result():
                 call = fam.check(rec)
-                with torch.no_grad(), faithful_matmul(call.inputs.device):
+                with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device):
                     ro = fam.read(call, fam.reference(call))
                     diff = recorded_output_diff(fam, ro, call)
                 cache.traces.setdefault(path, []).append(
