@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gatelens.analysis import char_classes
+from gatelens.analysis.text import Vocab
 from gatelens.readout.trace_types import Trace
-from gatelens.training.corpus import Vocab
 
 
 def test_class_counts_and_means():

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gatelens.analysis.text import Vocab, analysis_windows
 from gatelens.errors import GatelensError
 from gatelens.training import corpus
-from gatelens.training.corpus import Vocab, analysis_windows, load_corpus, split, texts_from_archive
+from gatelens.training.corpus import load_corpus, split, texts_from_archive
 
 
 def make_archive(path: Path) -> Path:

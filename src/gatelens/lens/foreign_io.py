@@ -21,9 +21,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from gatelens.analysis.text import Vocab
 from gatelens.errors import GatelensError
 from gatelens.io import NO_CAP, check_regular, read_utf8
-from gatelens.training.corpus import Vocab
 from gatelens.training.runs import refuse_nonfinite
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

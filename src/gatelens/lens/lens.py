@@ -181,7 +181,7 @@ class Lens:
         is read as a UTF-8 text file (as ``--text``); any other str is the text itself.
         Text becomes its first ``windows`` consecutive ``length``-character slices
         (``"all"``: every whole one); ids (B, T) are used as they are."""
-        from gatelens.training.corpus import Vocab, analysis_windows, read_text_file
+        from gatelens.analysis.text import Vocab, analysis_windows, read_text_file
 
         if isinstance(text_or_ids, Tensor):
             ids = text_or_ids

@@ -99,13 +99,8 @@ class Run:
         """The analysis windows, (B, T) int64, and their source: ``text``'s first windows,
         else windows evenly spaced over the validation split of the run's own corpus
         (``windows="all"``: every whole window, consecutive)."""
-        from gatelens.training.corpus import (
-            Vocab,
-            analysis_windows,
-            load_corpus,
-            read_text_file,
-            split,
-        )
+        from gatelens.analysis.text import Vocab, analysis_windows, read_text_file
+        from gatelens.training.corpus import load_corpus, split
 
         vocab = Vocab(list(self.vocab))
         if text is not None:

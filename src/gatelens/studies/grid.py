@@ -103,7 +103,8 @@ def vocab_size(corpus: str) -> int:
     (12, 12)
     """
     if corpus not in _VOCAB:
-        from gatelens.training.corpus import Vocab, load_corpus
+        from gatelens.analysis.text import Vocab
+        from gatelens.training.corpus import load_corpus
 
         _VOCAB[corpus] = Vocab.from_text(load_corpus(corpus).text).size
     return _VOCAB[corpus]

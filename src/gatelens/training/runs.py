@@ -24,10 +24,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from gatelens.analysis.text import Vocab
 from gatelens.errors import GatelensError
 from gatelens.io import NO_CAP, SMALL_CAP, atomic_write, check_regular, read_utf8
 from gatelens.training.config import TrainConfig
-from gatelens.training.corpus import Vocab
 from gatelens.training.model import CharLM, build_lm
 
 CONFIG, WEIGHTS, HISTORY = "config.json", "model.safetensors", "history.csv"

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from gatelens._version import version as gatelens_version
+from gatelens.analysis.text import Vocab, default_window_starts
 from gatelens.errors import CheckFailed, GatelensError
 from gatelens.families.registry import recipe
 from gatelens.io import atomic_write_json, remove_leftovers
@@ -42,7 +43,7 @@ from gatelens.training.checkpoints import (
     mark_interrupted,
 )
 from gatelens.training.config import TrainConfig
-from gatelens.training.corpus import Vocab, default_window_starts, load_corpus, split
+from gatelens.training.corpus import load_corpus, split
 from gatelens.training.model import (
     CharLM,
     OfficialLM,
