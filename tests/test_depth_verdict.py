@@ -43,14 +43,20 @@ def wrong_last_layer(monkeypatch):
     monkeypatch.setattr(HFMambaFamily, "step_cell", off)
 
 
-def test_float32_rounding_is_rejudged_in_float64() -> None:
+def test_float32_rounding_is_rejudged_in_float64(monkeypatch) -> None:
     torch.manual_seed(1)
     lstm = torch.nn.LSTM(5, 16, num_layers=2, batch_first=True)
     x = torch.randn(3, 20, 5)
     plain = gatelens.verify(lstm, x)
     assert plain.passed and "float64_rejudge" not in plain.meta
-    # a tolerance below float32's rounding: float32 says no, float64 says the read-out is right
-    v = gatelens.verify(lstm, x, tol=1e-10)
+    # a tolerance the user gives is judged as given, never re-judged
+    given = gatelens.verify(lstm, x, tol=1e-10)
+    assert not given.passed and "float64_rejudge" not in given.meta
+    # the default rule below float32's rounding: float32 says no, float64 says it is right
+    from gatelens.readout import verify as verify_mod
+
+    monkeypatch.setattr(verify_mod, "tolerance_for", lambda dtype: 1e-10)
+    v = gatelens.verify(lstm, x)
     depth = v.meta["float64_rejudge"]
     assert depth["float32_one_step"] > 1e-10 >= v.one_step_max_abs_diff_h
     assert v.passed and "rounding at this depth" in v.explain()

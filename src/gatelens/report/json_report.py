@@ -35,10 +35,10 @@ POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried s
 
 
 def schema() -> dict:
-    """The JSON schema of report.json v3 (``gatelens/report/schema.json``).
+    """The JSON schema of report.json v4 (``gatelens/report/schema.json``).
 
     >>> schema()["properties"]["version"]
-    {'enum': [1, 2, 3]}
+    {'enum': [1, 2, 3, 4]}
     """
     return json.loads(resources.files(__package__).joinpath("schema.json").read_text("utf-8"))
 
