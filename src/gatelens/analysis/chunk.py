@@ -39,6 +39,11 @@ class Setup:
         return min(self.windows, self.settings.memory_windows)
 
     @property
+    def gate_values(self) -> int:
+        """How many values one gate takes over every window, position and unit."""
+        return self.windows * self.length * self.fam.num_layers * self.fam.hidden_size
+
+    @property
     def burn_in(self) -> int:
         """docs/methods.md's burn-in of 16 steps; half the window when windows are shorter."""
         return min(BURN_IN, self.length // 2)

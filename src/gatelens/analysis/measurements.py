@@ -44,17 +44,22 @@ from gatelens.readout.merge import merge_results
 from gatelens.readout.verify import VerifyResult, verify_call
 
 
-class Divergence:
+class Accumulator:
+    """What the measurements share: built from the setup unless ``build`` says it does
+    not apply (a measurement that is not asked or has nothing to read returns None)."""
+
+    @classmethod
+    def build(cls, setup: Setup) -> Accumulator | None:
+        return cls(setup)
+
+
+class Divergence(Accumulator):
     """The divergence rate: how fast nearby states part (docs/methods.md)."""
 
     stage, report = "divergence", ("divergence",)
 
     def __init__(self, setup: Setup) -> None:
         self.setup, self.rates, self.starts = setup, {}, None
-
-    @classmethod
-    def build(cls, setup: Setup) -> Divergence:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         dyn = chunk.dynamics
@@ -73,17 +78,13 @@ class Divergence:
             {k: np.concatenate(v) for k, v in self.rates.items()}, self.setup.burn_in)}
 
 
-class Verification:
+class Verification(Accumulator):
     """The one-step and free-running checks against the module's own states."""
 
     stage, report = "verification", ("verification",)
 
     def __init__(self, setup: Setup) -> None:
         self.setup, self.parts = setup, []
-
-    @classmethod
-    def build(cls, setup: Setup) -> Verification:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         self.parts.append(verify_call(self.setup.fam, chunk.call, chunk.reference,
@@ -93,7 +94,7 @@ class Verification:
         return {"verification": with_regime(merge_results(self.parts), found.get("divergence"))}
 
 
-class Spectrum:
+class Spectrum(Accumulator):
     """The Lyapunov spectrum on the first ``memory_windows`` windows."""
 
     stage, report = "spectrum", ("lyapunov",)
@@ -116,7 +117,7 @@ class Spectrum:
         return {"lyapunov": None if self.acc.starts is None else self.acc.result()}
 
 
-class FixedPointSearch:
+class FixedPointSearch(Accumulator):
     """Fixed points under the first chunk's held inputs (asked with ``fixed_points``)."""
 
     stage, report = "fixed_points", ("fixed_points",)
@@ -138,7 +139,7 @@ class FixedPointSearch:
         return {"fixed_points": self.found}
 
 
-class Context:
+class Context(Accumulator):
     """The context used, by truncation, on the first ``memory_windows`` windows."""
 
     stage, report = "context", ("context",)
@@ -161,19 +162,13 @@ class Context:
         return {"context": None if self.acc is None else self.acc.result()}
 
 
-class Gates:
+class Gates(Accumulator):
     """Gate distributions, pooled over layers and every position."""
 
     stage, report = "analyses", ("gates",)
 
     def __init__(self, setup: Setup) -> None:
-        fam = setup.fam
-        self.acc = GateStats(fam.spec, setup.windows * setup.length * fam.num_layers
-                             * fam.hidden_size)
-
-    @classmethod
-    def build(cls, setup: Setup) -> Gates:
-        return cls(setup)
+        self.acc = GateStats(setup.fam.spec, setup.gate_values)
 
     def update(self, chunk: Chunk) -> None:
         self.acc.update(chunk.trace)
@@ -182,17 +177,13 @@ class Gates:
         return {"gates": self.acc.result(), "text": {"percentiles": self.acc.method}}
 
 
-class Units:
+class Units(Accumulator):
     """Per-unit keep-gate timescales (None: the module has no keep gate)."""
 
     stage, report = "analyses", ("units",)
 
     def __init__(self, setup: Setup) -> None:
         self.setup, self.acc = setup, UnitStats(setup.fam.spec)
-
-    @classmethod
-    def build(cls, setup: Setup) -> Units:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         self.acc.update(chunk.trace)
@@ -201,17 +192,13 @@ class Units:
         return {"units": self.acc.result(self.setup.init_value)}
 
 
-class Classes:
+class Classes(Accumulator):
     """Gates by the class of the token read (space, newline, punctuation, ...)."""
 
     stage, report = "analyses", ("char_classes",)
 
     def __init__(self, setup: Setup) -> None:
         self.acc = ClassStats(setup.fam.spec, setup.chars, setup.unit)
-
-    @classmethod
-    def build(cls, setup: Setup) -> Classes:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         self.acc.update(chunk.trace, chunk.windows)
@@ -220,17 +207,13 @@ class Classes:
         return {"char_classes": self.acc.result()}
 
 
-class Perturbation:
+class Perturbation(Accumulator):
     """The perturbation decay and its split into forget and return paths."""
 
     stage, report = "analyses", ("perturbation", "decomposition")
 
     def __init__(self, setup: Setup) -> None:
         self.setup, self.rows, self.first = setup, [], None
-
-    @classmethod
-    def build(cls, setup: Setup) -> Perturbation:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         p = self.setup.settings.perturb_pos
@@ -244,17 +227,13 @@ class Perturbation:
         return {"perturbation": decay_from_rows(self.rows, p, T), "decomposition": self.first}
 
 
-class Reach:
+class Reach(Accumulator):
     """The output-level reach: KL of the next-token distribution by lag."""
 
     stage, report = "analyses", ("output_reach", "output_reach_note")
 
     def __init__(self, setup: Setup) -> None:
         self.setup, self.curves, self.note = setup, [], None
-
-    @classmethod
-    def build(cls, setup: Setup) -> Reach:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         if chunk.reach_note is not None:
@@ -270,17 +249,13 @@ class Reach:
                 "reach_note": self.note}
 
 
-class Saturation:
+class Saturation(Accumulator):
     """Gate saturation: how often each gate sits near its bounds."""
 
     stage, report = "analyses", ("saturation",)
 
     def __init__(self, setup: Setup) -> None:
         self.acc = SaturationAccumulator()
-
-    @classmethod
-    def build(cls, setup: Setup) -> Saturation:
-        return cls(setup)
 
     def update(self, chunk: Chunk) -> None:
         self.acc.update(chunk.trace)
@@ -289,7 +264,7 @@ class Saturation:
         return {"saturation": self.acc.result()}
 
 
-class Untrained:
+class Untrained(Accumulator):
     """The untrained model's (step 0) gates and timescales on the same windows."""
 
     stage, report = "analyses", ("baseline", "shift_from_init")
@@ -297,8 +272,7 @@ class Untrained:
     def __init__(self, setup: Setup) -> None:
         step, fam = setup.baseline
         self.setup, self.step, self.first = setup, step, None
-        self.gates = GateStats(fam.spec, setup.windows * setup.length * setup.fam.num_layers
-                               * setup.fam.hidden_size)
+        self.gates = GateStats(fam.spec, setup.gate_values)
         self.units = UnitStats(fam.spec)
 
     @classmethod

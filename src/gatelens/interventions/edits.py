@@ -49,8 +49,8 @@ class Edit:
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Set(Edit):
-    """The value replaces the computed one."""
+class Valued(Edit):
+    """An edit that carries a value (Set, Add, Scale): a number or a tensor."""
 
     name: str
     value: float | Tensor
@@ -60,27 +60,22 @@ class Set(Edit):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Add(Edit):
+class Set(Valued):
+    """The value replaces the computed one."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Add(Valued):
     """The value is added to the computed one (steering: a vector added to a state)."""
 
     op: ClassVar[str] = "add"
-    name: str
-    value: float | Tensor
-    at: At
-    units: Sequence[int] | None = None
-    carry: bool = True
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Scale(Edit):
+class Scale(Valued):
     """The computed value is multiplied by the value."""
 
     op: ClassVar[str] = "scale"
-    name: str
-    value: float | Tensor
-    at: At
-    units: Sequence[int] | None = None
-    carry: bool = True
 
 
 @dataclass(frozen=True, eq=False, repr=False)

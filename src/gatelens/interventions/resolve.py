@@ -17,7 +17,7 @@ from torch import Tensor
 
 from gatelens.errors import GatelensError
 from gatelens.families.edit_plan import EditPlan, StepChange
-from gatelens.interventions.edits import Edit, Mean, Patch, Set, Zero
+from gatelens.interventions.edits import Edit, Mean, Patch, Valued, Zero
 
 
 def positions(edit: Edit, T: int, where: str) -> list[int]:
@@ -159,11 +159,7 @@ def resolve(edits: Sequence[Edit], keys: Mapping[str, tuple[str, str]],
         if not isinstance(e.name, str) or e.name not in keys:
             raise GatelensError(f"{e!r}: no trace key {e.name!r}; the model's keys are "
                                 f"{', '.join(keys)}")
-        if not isinstance(e, (Set, Zero, Mean, Patch)) and not isinstance(
-                getattr(e, "value", None), (int, float, Tensor)):
-            raise GatelensError(f"{e!r}: value must be a number or a tensor; got "
-                                f"{type(e.value).__name__}")
-        if isinstance(e, Set) and not isinstance(e.value, (int, float, Tensor)):
+        if isinstance(e, Valued) and not isinstance(e.value, (int, float, Tensor)):
             raise GatelensError(f"{e!r}: value must be a number or a tensor; got "
                                 f"{type(e.value).__name__}")
         path, trace = keys[e.name]

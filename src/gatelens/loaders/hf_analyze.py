@@ -78,7 +78,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike,
     lens = Lens(hf.model, tokenizer=hf.tokenizer) if hf.tokenizer is not None else Lens(
         hf.model, vocab=hf.tokens(), unit="tokens")
     path = only_module(lens, str(hf.directory))
-    vocab = lens._chars(ids)
+    _, vocab, _ = lens.windows(ids, windows, length)  # ids: their tokens' texts
     how = "every whole window" if windows == "all" else f"first {ids.shape[0]} windows"
     source = f"{text} ({len(every)} tokens; {how} of {length} tokens)"
     info = {**lens.describe(path), "checkpoint": str(hf.directory),

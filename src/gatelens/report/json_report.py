@@ -75,46 +75,47 @@ def summarize_array(values: np.ndarray, key: str) -> dict:
             "file": ARRAYS, "key": key}
 
 
-def units_dict(units: UnitTimescales | None, n_units: int, key: str = "units.per_unit") -> dict:
-    """report.json's "units"; above ``PER_UNIT_CAP`` units the per-unit means are a
-    summary (``per_unit_summary``) and the array is ``ARRAYS``'s ``key``."""
+def units_dict(units: UnitTimescales | None, n_units: int, key: str = "units.per_unit",
+               arrays: dict | None = None) -> dict:
+    """report.json's "units"; where ``arrays`` (``report_arrays``) holds ``key``, the
+    per-unit means are a summary (``per_unit_summary``) and the array is ``ARRAYS``'s."""
     if units is None:
         return null_units(n_units)
     out = units.to_dict()
-    if len(out["per_unit"]) > PER_UNIT_CAP:
+    if key in (arrays or {}):
         out["per_unit"] = None
-        out["per_unit_summary"] = summarize_array(units.forget_means, key)
+        out["per_unit_summary"] = summarize_array(arrays[key], key)
     return out
 
 
-def saturation_dict(sat: GateSaturation | None) -> dict | None:
-    """report.json's "saturation"; a gate's per-unit shares above ``PER_UNIT_CAP`` units
-    are summaries (``left_summary``, ``right_summary``), the arrays in ``ARRAYS``."""
+def saturation_dict(sat: GateSaturation | None, arrays: dict | None = None) -> dict | None:
+    """report.json's "saturation"; a gate whose shares ``arrays`` holds is summarised
+    (``left_summary``, ``right_summary``), the arrays in ``ARRAYS``."""
     if sat is None:
         return None
-    out = sat.to_dict()
+    out, arrays = sat.to_dict(), arrays or {}
     for g in sat.gates:
-        if len(out[g]["left"]) > PER_UNIT_CAP:
+        keys = {side: f"saturation.{g}.{side}" for side in ("left", "right")}
+        if keys["left"] in arrays:
             out[g] = {"left": None, "right": None, **{
-                f"{side}_summary": summarize_array(getattr(sat, side)[g],
-                                                   f"saturation.{g}.{side}")
-                for side in ("left", "right")}}
+                f"{side}_summary": summarize_array(arrays[k], k) for side, k in keys.items()}}
     return out
 
 
 def report_arrays(a: Analysis) -> dict[str, np.ndarray]:
-    """The per-unit arrays report.json summarises, whole, by their key (ARRAYS's tensors)."""
+    """The per-unit arrays (above ``PER_UNIT_CAP`` units) report.json summarises, whole, by
+    their key (``ARRAYS``'s tensors, float32 there): the one rule of what is summarised."""
     out = {}
     for key, units in (("units.per_unit", a.units),
                        ("baseline.units.per_unit", None if a.baseline is None
                         else a.baseline.units)):
         if units is not None and units.n_units > PER_UNIT_CAP:
-            out[key] = np.asarray(units.forget_means, dtype=np.float32)
+            out[key] = np.asarray(units.forget_means, dtype=np.float64)
     sat = a.saturation
     for g in [] if sat is None else sat.gates:
         for side in ("left", "right"):
             if len(getattr(sat, side)[g]) > PER_UNIT_CAP:
-                out[f"saturation.{g}.{side}"] = np.asarray(getattr(sat, side)[g], np.float32)
+                out[f"saturation.{g}.{side}"] = np.asarray(getattr(sat, side)[g], np.float64)
     return out
 
 
@@ -130,11 +131,12 @@ def decomposition_summary(decay: PerturbationDecay) -> dict | None:
 def build_report(a: Analysis) -> dict:
     """report.json from an analysis's result objects (``gatelens.analysis.measure.Analysis``)."""
     n_units = a.model["hidden"] * a.model["layers"]
+    arrays = report_arrays(a)  # the per-unit arrays too large to hold here: summarised
     base = shift = None
     if a.baseline is not None:
         b = a.baseline
         base = {"step": b.step, "gates": b.gates.to_dict(),
-                "units": units_dict(b.units, n_units, "baseline.units.per_unit")}
+                "units": units_dict(b.units, n_units, "baseline.units.per_unit", arrays)}
         if a.units is not None and b.units is not None:
             shift = shift_from_init(a.units, b.units)
     report = {
@@ -143,7 +145,7 @@ def build_report(a: Analysis) -> dict:
         "text": dict(a.text),
         "verification": {**a.verification.to_report(), "explanation": a.verification.explain()},
         "gates": a.gates.to_dict(),
-        "units": units_dict(a.units, n_units),
+        "units": units_dict(a.units, n_units, arrays=arrays),
         "perturbation": a.perturbation.to_dict(),
         "char_classes": a.char_classes.to_dict(),
         "baseline": base,
@@ -166,10 +168,9 @@ def build_report(a: Analysis) -> dict:
         "context": None if a.context is None else {
             **a.context.to_dict(), "windows": a.text.get("memory_windows"),
             "description": a.context.describe()},
-        "saturation": saturation_dict(a.saturation),
+        "saturation": saturation_dict(a.saturation, arrays),
+        "arrays": {"file": ARRAYS, "keys": sorted(arrays)} if arrays else None,
     }
-    arrays = sorted(report_arrays(a))
-    report["arrays"] = {"file": ARRAYS, "keys": arrays} if arrays else None
     report = report_in_unit(report, unit_of(report))  # gatelens's sentences, in the unit
     nonfinite = sanitize(report)
     report["nonfinite"] = None if not nonfinite else {

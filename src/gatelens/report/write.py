@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gatelens.errors import GatelensError, write_error
 from gatelens.io import atomic_write_text, replace_dir, temp_dir_beside
 from gatelens.lock import is_lock_or_leftover
@@ -70,7 +72,7 @@ def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> A
         if arrays:
             from safetensors.numpy import save_file
 
-            save_file(arrays, str(tmp / ARRAYS))
+            save_file({k: v.astype(np.float32) for k, v in arrays.items()}, str(tmp / ARRAYS))
         analysis.plots = write_plots(report, tmp / "plots", analysis.perturbation.curves,
                                      analysis.best_step, arrays) if plots else []
         if plots:
