@@ -31,6 +31,7 @@ from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
+from gatelens.families.torch_ops import as_computed
 from gatelens.lens.run import run_of
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
@@ -289,13 +290,15 @@ class Lens:
 
         if seed is None:
             seed = 0 if self.run is None else self.run.seed
-        a = measure(self.modules[path], self.runner(path), ids, chars, perturb_pos=perturb_pos,
-                    seed=seed, init_value=0.5 if self.run is None else self.run.init_keep,
-                    baseline=self._baseline(path), model=self.describe(path),
-                    text=text or {"windows": int(ids.shape[0]), "length": int(ids.shape[1]),
-                                  "source": "ids"},
-                    chunk=chunk, progress=progress, timings=timings, exponents=exponents,
-                    fixed_points=fixed_points, memory_windows=memory_windows)
+        with as_computed(self.modules[path]):  # parametrized weights read, never changed
+            a = measure(self.modules[path], self.runner(path), ids, chars,
+                        perturb_pos=perturb_pos,
+                        seed=seed, init_value=0.5 if self.run is None else self.run.init_keep,
+                        baseline=self._baseline(path), model=self.describe(path),
+                        text=text or {"windows": int(ids.shape[0]), "length": int(ids.shape[1]),
+                                      "source": "ids"},
+                        chunk=chunk, progress=progress, timings=timings, exponents=exponents,
+                        fixed_points=fixed_points, memory_windows=memory_windows)
         if self.run is not None:
             a.history, a.best_step, a.control = (self.run.history(), self.run.best_step,
                                                  self.run.control())
