@@ -33,6 +33,7 @@ from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
 from gatelens.families.torch_ops import as_computed
 from gatelens.lens.run import run_of
+from gatelens.readout.own_call import mark
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
 
@@ -218,7 +219,7 @@ class Lens:
                 if is_step_call(fam, calls[-1][0]):
                     steps.add(*calls[-1], output)
 
-            handle = module.register_forward_hook(hook, with_kwargs=True)
+            handle = module.register_forward_hook(mark(hook), with_kwargs=True)
             flags = {m: m.training for m in model.modules()}
             try:
                 model.eval()

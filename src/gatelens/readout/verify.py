@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -37,8 +37,10 @@ from torch.nn.utils.rnn import PackedSequence
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, LayerDiff, Readout, Reference
 from gatelens.families.registry import open_family
-from gatelens.readout.trace import State
+from gatelens.families.torch_ops import as_computed
+from gatelens.readout.trace import State, through_hooks
 from gatelens.readout.trace_types import Trace
+from gatelens.readout.verify_figures import as_readout, finite_or_none, max_or_none, maxes
 
 __all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "merge_results", "passes",
            "verify", "verify_call"]
@@ -192,11 +194,25 @@ class VerifyResult:
         else:
             out += (f" Free-running divergence {fr:.3g}: the step-by-step re-run stays on the "
                     "module's trajectory (contracting on this text).")
+        out += self._explain_hooks()
         if self.trace_max_abs_diff_h is not None and not passes(
                 self._trace_h, self.trace_max_scaled_diff_c, self.tol):
             out += (f" The trace given differs from the module's own states by "
                     f"{self.trace_max_abs_diff_h:.3g}: it is not the module's trajectory (FAILED).")
         return out
+
+    def _explain_hooks(self) -> str:
+        """The sentence on a module read on its own call, hooks included (none without).
+
+        >>> VerifyResult("gru", [], 1e-7, None, None, 1e-7, meta={"hooks": ["forward "
+        ...     "pre-hook f"], "inputs": "as given"})._explain_hooks()
+        " Read on the module's own call, its hooks run (forward pre-hook f): inputs as given."
+        """
+        hooks = self.meta.get("hooks")
+        if not hooks:
+            return ""
+        return (f" Read on the module's own call, its hooks run ({', '.join(hooks)}): inputs "
+                f"{self.meta.get('inputs', 'as its forward received them')}.")
 
     def _explain_modern(self) -> str:
         """explain() for gatelens's own cells, whose reference is their parallel form.
@@ -239,7 +255,7 @@ class VerifyResult:
         >>> r["one_step_max_abs_diff_h"], r["passed"], r["nonfinite"]
         (6.85e-07, True, False)
         """
-        fin = _finite_or_none
+        fin = finite_or_none
         return {"one_step_max_abs_diff_h": fin(self.one_step_max_abs_diff_h),
                 "one_step_max_abs_diff_c": fin(self.one_step_max_abs_diff_c),
                 "one_step_max_scaled_diff_c": fin(self.one_step_max_scaled_diff_c),
@@ -250,29 +266,12 @@ class VerifyResult:
                 "nonfinite": self.nonfinite}
 
 
-def _maxes(rows: list[LayerDiff], attr: str) -> float | None:
-    vals = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
-    return max(vals) if vals else None
-
-
-def _finite_or_none(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def _max_or_none(values: list) -> float | None:
-    """The largest value, None without any; NaN wins (a NaN chunk is a NaN verdict)."""
-    vals = [v for v in values if v is not None]
-    if any(math.isnan(v) for v in vals):
-        return math.nan
-    return max(vals) if vals else None
-
-
 def _merge_rows(rows: list[list[LayerDiff]]) -> list[LayerDiff]:
     """Layer rows of several chunks of windows: each figure the largest."""
     out = []
     for same in zip(*rows, strict=True):
         out.append(LayerDiff(same[0].layer, same[0].reverse, *(
-            _max_or_none([getattr(r, f) for r in same]) for f in (
+            max_or_none([getattr(r, f) for r in same]) for f in (
                 "max_abs_diff_h", "max_abs_diff_c", "max_scaled_diff_c", "max_scaled_diff_h"))))
     return out
 
@@ -286,7 +285,7 @@ def merge_results(results: list[VerifyResult]) -> VerifyResult:
     3e-07
     """
     first = results[0]
-    fields = {f: _max_or_none([getattr(r, f) for r in results]) for f in (
+    fields = {f: max_or_none([getattr(r, f) for r in results]) for f in (
         "one_step_max_abs_diff_h", "one_step_max_abs_diff_c", "one_step_max_scaled_diff_c",
         "free_running_max_abs_diff_h", "trace_max_abs_diff_h", "trace_max_scaled_diff_c",
         "one_step_max_scaled_diff_h", "trace_max_scaled_diff_h")}
@@ -315,27 +314,22 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
         one = None if packed else fam.one_step(call, ref)
         given = None
         if trace is not None:
-            ro = trace if isinstance(trace, Readout) else Readout(dict(trace), trace.h_n,
-                                                                  trace.c_n)
-            if call.layout.get("unbatched") and ro.h_n is not None and ro.h_n.ndim == 2:
-                ro = Readout(ro.signals, ro.h_n.unsqueeze(1),
-                             None if ro.c_n is None else ro.c_n.unsqueeze(1))
-            given = fam.judge(ro, ref)
+            given = fam.judge(as_readout(trace, call), ref)
     rows = free if one is None else one
     w = next(fam.module.parameters(), None)
     return VerifyResult(
         cell=fam.cell, layers=rows,
-        one_step_max_abs_diff_h=None if one is None else _maxes(one, "max_abs_diff_h"),
-        one_step_max_abs_diff_c=None if one is None else _maxes(one, "max_abs_diff_c"),
-        one_step_max_scaled_diff_c=None if one is None else _maxes(one, "max_scaled_diff_c"),
-        free_running_max_abs_diff_h=_maxes(free, "max_abs_diff_h"),
+        one_step_max_abs_diff_h=None if one is None else maxes(one, "max_abs_diff_h"),
+        one_step_max_abs_diff_c=None if one is None else maxes(one, "max_abs_diff_c"),
+        one_step_max_scaled_diff_c=None if one is None else maxes(one, "max_scaled_diff_c"),
+        free_running_max_abs_diff_h=maxes(free, "max_abs_diff_h"),
         free_running_layers=free,
-        trace_max_abs_diff_h=None if given is None else _maxes(given, "max_abs_diff_h"),
-        trace_max_scaled_diff_c=None if given is None else _maxes(given, "max_scaled_diff_c"),
+        trace_max_abs_diff_h=None if given is None else maxes(given, "max_abs_diff_h"),
+        trace_max_scaled_diff_c=None if given is None else maxes(given, "max_scaled_diff_c"),
         tol=tol, meta={"dtype": str(call.inputs.dtype if w is None else w.dtype),
                        "family": fam.name, "tolerance_rule": rule},
-        one_step_max_scaled_diff_h=None if one is None else _maxes(one, "max_scaled_diff_h"),
-        trace_max_scaled_diff_h=None if given is None else _maxes(given, "max_scaled_diff_h"))
+        one_step_max_scaled_diff_h=None if one is None else maxes(one, "max_scaled_diff_h"),
+        trace_max_scaled_diff_h=None if given is None else maxes(given, "max_scaled_diff_h"))
 
 
 def check_tol(tol: float) -> None:
@@ -354,6 +348,9 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
            trace: Trace | None = None, tol: float | None = None) -> VerifyResult:
     """The one-step error and the free-running divergence of ``module`` on ``inputs`` (what
     the module takes); with ``trace``, also that trace against the module's own states.
+    A module with hooks is verified on its own call, hooks included (readout/own_call.py):
+    on what its forward received, and a given trace also against what the call returned;
+    a hook that changes the output is refused in one line naming it.
     ``tol`` None: 1e-5, or 8 × the machine epsilon for float16/bfloat16 (``tolerance_for``).
 
     >>> import torch
@@ -366,7 +363,17 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     True
     """
     fam = open_family(module, "verify()")
-    call = fam.check(inputs, state)
-    with torch.no_grad(), faithful_matmul(call.inputs.device):
+    own = through_hooks(fam, inputs, state, "verify()")
+    call = fam.check(own.inputs, own.state)
+    with torch.no_grad(), faithful_matmul(call.inputs.device), as_computed(module):
         ref = fam.reference(call)
-    return verify_call(fam, call, ref, trace, tol)
+        res = verify_call(fam, call, ref, trace, tol)
+    if not own.hooks:
+        return res
+    meta = {**res.meta, **own.meta()}
+    if trace is None or own.output is None:
+        return replace(res, meta=meta)
+    # the trace against what the module's own call returned, hooks included
+    gap = fam.output_diff(as_readout(trace, call), own.output)
+    return replace(res, meta=meta, trace_max_abs_diff_h=max_or_none(
+        [res.trace_max_abs_diff_h, gap]))
