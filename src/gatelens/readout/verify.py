@@ -181,7 +181,11 @@ class VerifyResult:
                + ("each step is PyTorch's computation (passed)." if ok else
                   "the read-out does not compute PyTorch's cell (FAILED)."))
         fr = self.free_running_max_abs_diff_h
-        if fr > self.tol and not self.chaotic:
+        if not ok:
+            # a wrong read-out's re-run parts for that reason: never rounding, never chaos
+            out += (f" Free-running divergence {fr:.3g}: not a property of the model here, as "
+                    "the read-out's own step is wrong; it is no evidence of rounding or chaos.")
+        elif fr > self.tol and not self.chaotic:
             out += (f" Free-running divergence {fr:.3g} is above the tolerance although the "
                     "model contracts on this text (its divergence rate λ < 0): rounding at "
                     f"{self.meta.get('dtype', 'this')} precision carried along the re-run, not "
@@ -197,8 +201,11 @@ class VerifyResult:
         out += self._explain_hooks()
         if self.trace_max_abs_diff_h is not None and not passes(
                 self._trace_h, self.trace_max_scaled_diff_c, self.tol):
-            out += (f" The trace given differs from the module's own states by "
-                    f"{self.trace_max_abs_diff_h:.3g}: it is not the module's trajectory (FAILED).")
+            c = "" if self.trace_max_scaled_diff_c is None else (
+                f", c {self.trace_max_scaled_diff_c:.3g} scaled by max(1, |c|)")
+            out += (f" The trace given differs from the module's own states by h "
+                    f"{self.trace_max_abs_diff_h:.3g}{c}: it is not the module's trajectory "
+                    "(FAILED).")
         return out
 
     def _explain_hooks(self) -> str:
@@ -228,9 +235,11 @@ class VerifyResult:
                f"{self.max_abs_diff_h:.3g}) {'<=' if ok else '>'} {self.tol:g}: "
                + ("each layer's step computes the cell's parallel form (passed)." if ok else
                   "the step does not compute the cell's parallel form (FAILED)."))
-        out += (f" Free-running difference {self.free_running_max_abs_diff_h:.3g} (absolute) "
-                "between the whole sequential stack and the parallel form: rounding carried up "
-                "through the layers, not an error by itself.")
+        fr = self.free_running_max_abs_diff_h
+        out += (f" Free-running difference {fr:.3g} (absolute) between the whole sequential "
+                "stack and the parallel form: " + (
+                    "rounding carried up through the layers, not an error by itself." if ok else
+                    "not read, as the step itself is wrong; it is no evidence of rounding."))
         if self.trace_max_abs_diff_h is not None:
             ok = passes(self._trace_h, None, self.tol)
             out += (f" The trace given differs from the trajectory of the module's forward by "
