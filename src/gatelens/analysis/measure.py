@@ -112,7 +112,7 @@ class Analysis:
     char_classes: CharClasses
     divergence: DivergenceRate | None = None  # None: not defined for this input (packed)
     reach: OutputReach | None = None  # None: the model gives no per-step logits
-    reach_note: str | None = None  # why there is no output-level reach
+    reach_note: str | None = None  # why there is no output-level reach, or how it was read
     baseline: Baseline | None = None
     lyapunov: LyapunovSpectrum | None = None  # None: not asked (exponents=0) or packed input
     fixed_points: FixedPoints | None = None  # None: not asked (fixed_points=False)

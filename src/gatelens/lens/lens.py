@@ -32,6 +32,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
 from gatelens.families.torch_ops import as_computed
+from gatelens.lens.logits import candidates, find_logits, recurrent_outputs
 from gatelens.lens.run import run_of
 from gatelens.readout.own_call import mark
 from gatelens.readout.stitch import Stitcher, is_step_call
@@ -67,21 +68,20 @@ def unpack_equal(packed: PackedSequence, length: int, batch_first: bool = True) 
     return x if batch_first else x.transpose(0, 1)
 
 
-def output_logits(output: Any) -> Tensor | None:
-    """The logits of a model's output: a Tensor, an HF ModelOutput's ``.logits``, or a
-    tuple's first Tensor (a gatelens CharLM returns (logits, state)).
+def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
+    """The logits of a model's output (lens/logits.py ``find_logits``): a dict's or an HF
+    ModelOutput's ``logits``, else the Tensor or a tuple's tensor shaped (B, T, V) against
+    ``vocab`` (None: any V), probabilities as their logarithms; None when it cannot tell.
 
     >>> output_logits((torch.ones(1, 2, 3), None)).shape
     torch.Size([1, 2, 3])
+    >>> output_logits((torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)), vocab=3).shape
+    torch.Size([1, 2, 3])
     """
-    if isinstance(output, Tensor):
-        return output
-    value = getattr(output, "logits", None)
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    return None
+    first = next((t for _, t in candidates(output) if t.ndim == 3), None)
+    if first is None:
+        return None
+    return find_logits(output, int(first.shape[0]), int(first.shape[1]), vocab).logits
 
 
 @dataclass
@@ -91,7 +91,8 @@ class LensResult:
     analyses: dict[str, Analysis]
     out: Path | None = None
     index_html: str = ""
-    notes: dict[str, str] = field(default_factory=dict)  # path -> why no output reach
+    #: path -> a note on the output-level reach: why there is none, or how it was read
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def reports(self) -> dict[str, dict]:
@@ -223,7 +224,7 @@ class Lens:
             flags = {m: m.training for m in model.modules()}
             try:
                 model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), recurrent_outputs(self.modules.values()) as seen:
                     out = self._forward(model, ids)
             finally:
                 handle.remove()
@@ -231,7 +232,7 @@ class Lens:
                     m.training = flag
             if steps.calls and (len(calls) > 1 or fam.stepped):
                 rec = one_trajectory(steps, calls, name, int(ids.shape[1]))
-                return Captured(rec, None, output_logits(out))
+                return Captured(rec, None, logits_of(out, seen, ids))
             if len(calls) != 1:
                 raise GatelensError(
                     f"{name} ran {len(calls)} times in one forward; Lens measures modules "
@@ -240,9 +241,23 @@ class Lens:
             inputs, hx = calls[0]
             if isinstance(inputs, PackedSequence):
                 inputs = unpack_equal(inputs, ids.shape[1], module.batch_first)
-            return Captured(inputs, hx, output_logits(out))
+            return Captured(inputs, hx, logits_of(out, seen, ids))
 
+        def logits_of(out: Any, seen: list[Tensor], ids: Tensor) -> Tensor | None:
+            found = find_logits(out, int(ids.shape[0]), int(ids.shape[1]), self._vocab_size(),
+                                seen)
+            if found.note is not None and found.note not in run.logit_notes:
+                run.logit_notes.append(found.note)
+            return found.logits
+
+        run.logit_notes = []  # type: ignore[attr-defined]  # read by Lens.measure
         return run
+
+    def _vocab_size(self) -> int | None:
+        """V the logits must have: the vocabulary's size (None: not known, any V)."""
+        if isinstance(self.vocab, int):
+            return self.vocab
+        return None if self.vocab is None else len(self.vocab)
 
     def _forward(self, model: nn.Module, ids: Tensor) -> Any:
         """``model`` on ids (or ``encode(ids)``); a model that cannot read ids is one line."""
@@ -291,8 +306,9 @@ class Lens:
 
         if seed is None:
             seed = 0 if self.run is None else self.run.seed
+        run = self.runner(path)
         with as_computed(self.modules[path]):  # parametrized weights read, never changed
-            a = measure(self.modules[path], self.runner(path), ids, chars,
+            a = measure(self.modules[path], run, ids, chars,
                         perturb_pos=perturb_pos,
                         seed=seed, init_value=0.5 if self.run is None else self.run.init_keep,
                         baseline=self._baseline(path), model=self.describe(path),
@@ -300,6 +316,8 @@ class Lens:
                                       "source": "ids"},
                         chunk=chunk, progress=progress, timings=timings, exponents=exponents,
                         fixed_points=fixed_points, memory_windows=memory_windows)
+        if run.logit_notes:  # type: ignore[attr-defined]  # how the logits were read, or why not
+            a.reach_note = " ".join(run.logit_notes)  # type: ignore[attr-defined]
         if self.run is not None:
             a.history, a.best_step, a.control = (self.run.history(), self.run.best_step,
                                                  self.run.control())
