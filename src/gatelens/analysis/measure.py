@@ -155,4 +155,4 @@ def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:
     with torch.no_grad(), faithful_matmul(call.inputs.device):
         ref = fam.reference(call)
     return call, ref, read(fam, call, ref) if call.layout.get("packed") is None else \
-        trace(fam.module, cap.inputs, cap.state)
+        trace(fam.module, cap.inputs, cap.state, hooks=False)

@@ -32,6 +32,7 @@ from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.spec import SIGMOID, TANH, CellSpec
+from gatelens.families.torch_ops import flat_names, weights_of
 from gatelens.families.torch_rnn import TorchRNNFamily, like, max_diff, previous
 from gatelens.families.torch_train import torch_recipe
 
@@ -190,8 +191,8 @@ class LSTMFamily(TorchRNNFamily):
     def _direction(self, k: int, reverse: bool) -> nn.LSTM:
         """A one-layer, one-direction LSTM holding that direction's tensors."""
         sfx = f"_l{k}{'_reverse' if reverse else ''}"
-        tensors = {n.replace(sfx, "_l0"): p.detach() for n, p in self.module.named_parameters()
-                   if n.endswith(sfx)}
+        names = [n for n in flat_names(self.module) if n.endswith(sfx)]
+        tensors = {n.replace(sfx, "_l0"): w for n, w in weights_of(self.module, names).items()}
         return like(self.module, 1, tensors, bidirectional=False,
                     input_size=tensors["weight_ih_l0"].shape[1])
 

@@ -45,6 +45,7 @@ from gatelens.families.stepped import (
     stack_steps,
     torch_step,
 )
+from gatelens.families.torch_ops import weights_of
 
 #: each cell class and the module whose one layer it is
 MODULE_OF: dict[type, type] = {nn.LSTMCell: nn.LSTM, nn.GRUCell: nn.GRU, nn.RNNCell: nn.RNN}
@@ -66,7 +67,9 @@ def as_module(cell: nn.RNNCellBase) -> nn.RNNBase:
         kw["nonlinearity"] = cell.nonlinearity
     with torch.device("meta"):
         module = kind(cell.input_size, cell.hidden_size, **kw)
-    module.load_state_dict({f"{n}_l0": p.detach() for n, p in cell.named_parameters()},
+    names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if cell.bias else [])
+    # the weights as the cell's forward reads them (a parametrization's or prune's value)
+    module.load_state_dict({f"{n}_l0": w for n, w in weights_of(cell, names).items()},
                            assign=True)
     return module.eval()
 

@@ -1,12 +1,15 @@
 """Small tensor helpers the PyTorch families share (differences, the state each step reads,
-a module of some of a module's own tensors)."""
+the weights a module computes with, a module of some of a module's own tensors)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 
 def max_diff(a: Tensor, b: Tensor, scaled: bool = False) -> float:
@@ -46,3 +49,53 @@ def like(module: nn.RNNBase, num_layers: int, tensors: dict[str, Tensor], *,
         fresh = type(module)(input_size, module.hidden_size, **kw)
     fresh.load_state_dict(tensors, assign=True)
     return fresh.eval()
+
+
+def weights_of(module: nn.Module, names: list[str]) -> dict[str, Tensor]:
+    """The tensors ``module`` computes with, by PyTorch's names (``weight_ih_l0`` ...),
+    detached: read by attribute, so a parametrized weight (``weight_norm``,
+    ``spectral_norm``, any ``register_parametrization``) is its parametrization's value and
+    a pruned one (``torch.nn.utils.prune``) is its masked value, as the module's forward
+    reads them; ``state_dict`` names (``parametrizations.weight_ih_l0.original0``,
+    ``weight_ih_l0_orig``) are never used.
+
+    >>> from torch.nn.utils.parametrizations import weight_norm
+    >>> lstm = weight_norm(torch.nn.LSTM(2, 3), "weight_hh_l0")
+    >>> w = weights_of(lstm, ["weight_hh_l0"])["weight_hh_l0"]
+    >>> w.shape, torch.equal(w, lstm.weight_hh_l0)
+    (torch.Size([12, 3]), True)
+    """
+    return {n: getattr(module, n).detach() for n in names}
+
+
+def flat_names(module: nn.RNNBase) -> list[str]:
+    """The names of every weight an nn.LSTM / GRU / RNN computes with, in PyTorch's order."""
+    return list(module._flat_weights_names)
+
+
+@contextmanager
+def as_computed(module: nn.Module) -> Iterator[None]:
+    """Read ``module``'s parametrized weights once each and without changing them: every
+    parametrization in eval mode (``spectral_norm`` then runs no power iteration, which
+    would update its vectors in place: the trace is an eval-mode read) and cached
+    (``torch.nn.utils.parametrize.cached``); every flag restored afterwards.
+
+    >>> from torch.nn.utils.parametrizations import spectral_norm
+    >>> lstm = spectral_norm(torch.nn.LSTM(2, 3), "weight_ih_l0")
+    >>> u = lstm.parametrizations.weight_ih_l0[0]._u.clone()
+    >>> with as_computed(lstm):
+    ...     _ = lstm.weight_ih_l0
+    >>> torch.equal(u, lstm.parametrizations.weight_ih_l0[0]._u)
+    True
+    """
+    parts = [m for n, m in module.named_modules() if ".parametrizations." in f".{n}."
+             or n.startswith("parametrizations")]
+    flags = {m: m.training for m in parts}
+    try:
+        for m in parts:
+            m.training = False
+        with parametrize.cached():
+            yield
+    finally:
+        for m, flag in flags.items():
+            m.training = flag

@@ -31,7 +31,13 @@ from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.spec import CellSpec, layer_name
 from gatelens.families.stepped import Recorded, Step, recorded_call, recorded_reference, torch_step
-from gatelens.families.torch_ops import like, max_diff, previous  # noqa: F401 - re-exported
+from gatelens.families.torch_ops import (  # noqa: F401 - re-exported
+    flat_names,
+    like,
+    max_diff,
+    previous,
+    weights_of,
+)
 
 
 class TorchRNNFamily(Family):
@@ -177,8 +183,9 @@ class TorchRNNFamily(Family):
         cache = self.__dict__.setdefault("_layers", {})
         if k not in cache:
             m = self.module
-            tensors = {re.sub(r"_l\d+", "_l0", n): p.detach() for n, p in m.named_parameters()
-                       if int(re.search(r"_l(\d+)", n).group(1)) == k}
+            # the weights as the forward reads them (a parametrization's or prune's value)
+            names = [n for n in flat_names(m) if int(re.search(r"_l(\d+)", n).group(1)) == k]
+            tensors = {re.sub(r"_l\d+", "_l0", n): w for n, w in weights_of(m, names).items()}
             width = tensors["weight_ih_l0"].shape[1]
             cache[k] = like(m, 1, tensors, bidirectional=m.bidirectional, input_size=width)
         return cache[k]

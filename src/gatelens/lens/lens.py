@@ -31,9 +31,12 @@ from gatelens.analysis.settings import AnalysisSettings
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of, supported
+from gatelens.families.torch_ops import as_computed
 from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
+from gatelens.lens.logits import candidates, find_logits, recurrent_outputs
 from gatelens.lens.run import Run
 from gatelens.lens.tokens import check_tokenizer, check_unit, encode_text, pieces, vocab_size
+from gatelens.readout.own_call import mark
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
 
@@ -45,21 +48,20 @@ if TYPE_CHECKING:
 __all__ = ["Lens", "LensResult", "output_logits"]
 
 
-def output_logits(output: Any) -> Tensor | None:
-    """The logits of a model's output: a Tensor, an HF ModelOutput's ``.logits``, or a
-    tuple's first Tensor (a gatelens CharLM returns (logits, state)).
+def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
+    """The logits of a model's output (lens/logits.py ``find_logits``): a dict's or an HF
+    ModelOutput's ``logits``, else the Tensor or a tuple's tensor shaped (B, T, V) against
+    ``vocab`` (None: any V), probabilities as their logarithms; None when it cannot tell.
 
     >>> output_logits((torch.ones(1, 2, 3), None)).shape
     torch.Size([1, 2, 3])
+    >>> output_logits((torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)), vocab=3).shape
+    torch.Size([1, 2, 3])
     """
-    if isinstance(output, Tensor):
-        return output
-    value = getattr(output, "logits", None)
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    return None
+    first = next((t for _, t in candidates(output) if t.ndim == 3), None)
+    if first is None:
+        return None
+    return find_logits(output, int(first.shape[0]), int(first.shape[1]), vocab).logits
 
 
 @dataclass
@@ -69,7 +71,8 @@ class LensResult:
     analyses: dict[str, Analysis]
     out: Path | None = None
     index_html: str = ""
-    notes: dict[str, str] = field(default_factory=dict)  # path -> why no output reach
+    #: path -> a note on the output-level reach: why there is none, or how it was read
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def reports(self) -> dict[str, dict]:
@@ -249,11 +252,11 @@ class Lens:
                 if is_step_call(fam, calls[-1][0]):
                     steps.add(*calls[-1], output)
 
-            handle = module.register_forward_hook(hook, with_kwargs=True)
+            handle = module.register_forward_hook(mark(hook), with_kwargs=True)
             flags = {m: m.training for m in model.modules()}
             try:
                 model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), recurrent_outputs(self.modules.values()) as seen:
                     out = self._forward(model, ids)
             finally:
                 handle.remove()
@@ -261,7 +264,7 @@ class Lens:
                     m.training = flag
             if steps.calls and (len(calls) > 1 or fam.stepped):
                 rec = one_trajectory(steps, calls, name, int(ids.shape[1]))
-                return Captured(rec, None, output_logits(out))
+                return Captured(rec, None, logits_of(out, seen, ids))
             if len(calls) != 1:
                 raise GatelensError(
                     f"{name} ran {len(calls)} times in one forward; Lens measures modules "
@@ -270,9 +273,23 @@ class Lens:
             inputs, hx = calls[0]
             if isinstance(inputs, PackedSequence):
                 inputs = unpack_equal(inputs, ids.shape[1], module.batch_first)
-            return Captured(inputs, hx, output_logits(out))
+            return Captured(inputs, hx, logits_of(out, seen, ids))
 
+        def logits_of(out: Any, seen: list[Tensor], ids: Tensor) -> Tensor | None:
+            found = find_logits(out, int(ids.shape[0]), int(ids.shape[1]), self._vocab_size(),
+                                seen)
+            if found.note is not None and found.note not in run.logit_notes:
+                run.logit_notes.append(found.note)
+            return found.logits
+
+        run.logit_notes = []  # type: ignore[attr-defined]  # read by Lens.measure
         return run
+
+    def _vocab_size(self) -> int | None:
+        """V the logits must have: the vocabulary's size (None: not known, any V)."""
+        if isinstance(self.vocab, int):
+            return self.vocab
+        return None if self.vocab is None else len(self.vocab)
 
     def _forward(self, model: nn.Module, ids: Tensor) -> Any:
         """``model`` on ids (or ``encode(ids)``); a model that cannot read ids is one line."""
@@ -321,14 +338,20 @@ class Lens:
 
         s = AnalysisSettings.build(settings, **options)
         s = replace(s, seed=s.seed_or(0 if self.run_info is None else self.run_info.seed))
-        return measure(self.modules[path], self.runner(path), ids, chars, s,
-                       init_value=0.5 if self.run_info is None else self.run_info.init_keep,
-                       baseline=self._baseline(path),
-                       model=self.describe(path) if model is None else model,
-                       text=text or {"windows": int(ids.shape[0]),
-                                     "length": int(ids.shape[1]), "source": "ids"},
-                       run=None if self.run_info is None else self.run_info.facts(), unit=self.unit,
-                       chunk=chunk, progress=progress, timings=timings)
+        run = self.runner(path)
+        with as_computed(self.modules[path]):  # parametrized weights read, never changed
+            a = measure(self.modules[path], run, ids, chars, s,
+                        init_value=0.5 if self.run_info is None else self.run_info.init_keep,
+                        baseline=self._baseline(path),
+                        model=self.describe(path) if model is None else model,
+                        text=text or {"windows": int(ids.shape[0]),
+                                      "length": int(ids.shape[1]), "source": "ids"},
+                        run=None if self.run_info is None else self.run_info.facts(),
+                        unit=self.unit, chunk=chunk, progress=progress, timings=timings)
+        notes = getattr(run, "logit_notes", None)  # how the logits were read, or why not
+        if notes:
+            a.reach_note = " ".join(notes)
+        return a
 
     def analyze(self, text_or_ids: str | os.PathLike | Tensor,
                 settings: AnalysisSettings | None = None, *,

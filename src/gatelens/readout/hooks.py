@@ -28,6 +28,7 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of
 from gatelens.families.stepped import recorded_output_diff
+from gatelens.readout.own_call import mark
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
@@ -162,8 +163,8 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
     try:
         for path, module, fam in opened:
             handles.append(module.register_forward_pre_hook(
-                lambda *_, p=path: running.enter(p)))
-            handles.append(module.register_forward_hook(make_hook(path, fam),
+                mark(lambda *_, p=path: running.enter(p))))
+            handles.append(module.register_forward_hook(mark(make_hook(path, fam)),
                                                         with_kwargs=True, always_call=True))
         yield cache
         for path, st in stitchers.items():

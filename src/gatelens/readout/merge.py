@@ -5,18 +5,9 @@ once.
 
 from __future__ import annotations
 
-import math
-
 from gatelens.families.base import LayerDiff
 from gatelens.readout.verify import VerifyResult
-
-
-def _max_or_none(values: list) -> float | None:
-    """The largest value, None without any; NaN wins (a NaN chunk is a NaN verdict)."""
-    vals = [v for v in values if v is not None]
-    if any(math.isnan(v) for v in vals):
-        return math.nan
-    return max(vals) if vals else None
+from gatelens.readout.verify_figures import max_or_none
 
 
 def _merge_rows(rows: list[list[LayerDiff]]) -> list[LayerDiff]:
@@ -24,7 +15,7 @@ def _merge_rows(rows: list[list[LayerDiff]]) -> list[LayerDiff]:
     out = []
     for same in zip(*rows, strict=True):
         out.append(LayerDiff(same[0].layer, same[0].reverse, *(
-            _max_or_none([getattr(r, f) for r in same]) for f in (
+            max_or_none([getattr(r, f) for r in same]) for f in (
                 "max_abs_diff_h", "max_abs_diff_c", "max_scaled_diff_c", "max_scaled_diff_h"))))
     return out
 
@@ -38,7 +29,7 @@ def merge_results(results: list[VerifyResult]) -> VerifyResult:
     3e-07
     """
     first = results[0]
-    fields = {f: _max_or_none([getattr(r, f) for r in results]) for f in (
+    fields = {f: max_or_none([getattr(r, f) for r in results]) for f in (
         "one_step_max_abs_diff_h", "one_step_max_abs_diff_c", "one_step_max_scaled_diff_c",
         "free_running_max_abs_diff_h", "trace_max_abs_diff_h", "trace_max_scaled_diff_c",
         "one_step_max_scaled_diff_h", "trace_max_scaled_diff_h")}

@@ -9,7 +9,9 @@ Semantics worth knowing:
 - Inference only: the trace runs under ``torch.no_grad()`` and never applies the dropout
   between layers, as if the module were in ``eval()`` mode. A module in training mode
   with ``dropout > 0`` will differ from the trace; that is by design.
-- The module is only read: no hooks, no re-registered or modified parameters.
+- The module is only read: no re-registered or modified parameters; parametrized weights
+  (weight_norm, spectral_norm in eval mode, prune) are read as the forward computes them.
+  A module with hooks runs its own call once, hooks included (readout/own_call.py).
 - Tensors may be non-contiguous views of shared buffers (time-major underneath); use
   ``.reshape`` or ``.contiguous()`` rather than ``.view``.
 - On CUDA, TF32 is switched off while tracing (PyTorch's float32 numerics, not TF32's).
@@ -39,7 +41,9 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, Readout, Reference
 from gatelens.families.registry import open_family
 from gatelens.families.spec import layer_name
+from gatelens.families.torch_ops import as_computed
 from gatelens.families.torch_rnn import TorchRNNFamily, max_diff
+from gatelens.readout.own_call import OwnCall, own_call
 from gatelens.readout.trace_types import Trace
 
 State = Tensor | tuple[Tensor, ...] | None
@@ -98,7 +102,8 @@ def resolve_method(method: str | None, call: Call) -> str:
 
 
 def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None, *,
-          names: Sequence[str] | None = None, method: str | None = None) -> Trace:
+          names: Sequence[str] | None = None, method: str | None = None,
+          hooks: bool = True) -> Trace:
     """Every gate of ``module`` on ``inputs``, on the trajectory the module itself took.
 
     ``inputs`` and ``state`` are what the module's forward takes (batch_first or not,
@@ -115,23 +120,53 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     warns (and records ``meta["free_running_max_abs_diff_h"]``) when it has left the
     module's trajectory by more than 1e-5. See docs/methods.md, "Anchored read-out".
 
+    A module with forward hooks or pre-hooks is read on its own call, hooks included
+    (readout/own_call.py): the trace is computed on what its forward received (a pre-hook's
+    inputs) and compared with what the call returned (``meta["own_call_max_abs_diff"]``); a
+    hook that changes the output is refused in one line naming it. ``hooks=False`` takes
+    ``inputs`` as what the forward already received (a call a hook recorded).
+
     >>> gru = torch.nn.GRU(2, 3, num_layers=2)
     >>> tr = trace(gru, torch.randn(4, 5, 2))  # (T, B, F): batch_first=False
     >>> list(tr)[:4], tr["layer1.z"].shape, tr.h_n.shape
     (['layer0.r', 'layer0.z', 'layer0.n', 'layer0.h'], torch.Size([5, 4, 3]), torch.Size([2, 5, 3]))
     """
     fam = open_family(module)
-    call = fam.check(inputs, state)
+    own = through_hooks(fam, inputs, state, "trace()", hooks)
+    call = fam.check(own.inputs, own.state)
     how = resolve_method(method, call)
     check_names(names, fam.names())
-    with torch.no_grad(), faithful_matmul(call.inputs.device):
+    with torch.no_grad(), faithful_matmul(call.inputs.device), as_computed(module):
         if how == "anchored":
-            return assemble(fam, call, fam.read(call, fam.reference(call)), names)
+            ro = fam.read(call, fam.reference(call))
+            return assemble(fam, call, ro, names, **own_meta(fam, own, ro))
         ro = fam.rerun(call)
-        meta = {}
+        meta = own_meta(fam, own, ro)
         if isinstance(fam, TorchRNNFamily):
             meta["free_running_max_abs_diff_h"] = _left_trajectory(fam, call, ro)
         return assemble(fam, call, ro, names, **meta)
+
+
+def through_hooks(fam: Family, inputs: Any, state: Any, what: str,
+                  hooks: bool = True) -> OwnCall:
+    """The module's own call when it has hooks (readout/own_call.py): what its forward
+    received; ``hooks`` False: ``inputs`` already are (a call a hook recorded)."""
+    if not hooks:
+        return OwnCall(inputs, state, None, [])
+    return own_call(fam.module, inputs, state, what, split=fam.split_call,
+                    runs_hooks=isinstance(fam, TorchRNNFamily))
+
+
+def own_meta(fam: Family, own: OwnCall, ro: Readout) -> dict:
+    """A trace's meta of the module's own call: the hooks that ran, and the read-out against
+    what the call returned (``own_call_max_abs_diff``)."""
+    meta = own.meta()
+    if meta and own.output is not None:
+        try:
+            meta["own_call_max_abs_diff"] = fam.output_diff(ro, own.output)
+        except KeyError:  # trace_chunked kept only some names: not the top layer's h
+            meta["own_call_max_abs_diff"] = None
+    return meta
 
 
 def read(fam: Family, call: Call, ref: Reference) -> Trace:
@@ -178,7 +213,8 @@ def trace_chunked(module: nn.Module, inputs: Tensor, chunk: int = 256, state: St
     if not isinstance(fam, TorchRNNFamily):
         raise TypeError(f"trace_chunked() takes nn.LSTM, nn.GRU or nn.RNN; got "
                         f"{type(module).__name__} (use trace())")
-    call = fam.check(inputs, state)
+    own = through_hooks(fam, inputs, state, "trace_chunked()")
+    call = fam.check(own.inputs, own.state)
     if fam.bidirectional:
         raise ValueError("trace_chunked cannot carry a bidirectional module's reverse "
                          "direction forward; use trace() for bidirectional modules")
@@ -189,7 +225,7 @@ def trace_chunked(module: nn.Module, inputs: Tensor, chunk: int = 256, state: St
     T = x.shape[0]
     parts = [s.transpose(1, 2).contiguous() for s in call.state]  # (L, ·, B)
     out: dict[str, Tensor] = {}
-    with torch.no_grad(), faithful_matmul(x.device):
+    with torch.no_grad(), faithful_matmul(x.device), as_computed(module):
         for t0 in range(0, T, chunk):
             bufs, h, c = fam.run_kernels(x[t0 : t0 + chunk], *parts)
             parts = [h] if c is None else [h, c]
@@ -200,4 +236,4 @@ def trace_chunked(module: nn.Module, inputs: Tensor, chunk: int = 256, state: St
             del bufs  # free the chunk's working buffers before the next one
     ro = Readout({n: b.permute(2, 0, 1) for n, b in out.items()}, parts[0].transpose(1, 2),
                  None if len(parts) == 1 else parts[1].transpose(1, 2), {"method": "step"})
-    return assemble(fam, call, ro, keep, chunk=chunk)
+    return assemble(fam, call, ro, keep, chunk=chunk, **own_meta(fam, own, ro))

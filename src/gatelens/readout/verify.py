@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -37,9 +37,11 @@ from torch.nn.utils.rnn import PackedSequence
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, LayerDiff, Readout, Reference
 from gatelens.families.registry import open_family
+from gatelens.families.torch_ops import as_computed
 from gatelens.readout.depth import can_rejudge, one_step_float64
-from gatelens.readout.trace import State
+from gatelens.readout.trace import State, through_hooks
 from gatelens.readout.trace_types import Trace
+from gatelens.readout.verify_figures import as_readout, finite_or_none, max_or_none, maxes
 
 __all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "passes",
            "verify", "verify_call"]
@@ -202,7 +204,11 @@ class VerifyResult:
                + ("each step is PyTorch's computation (passed)." if ok else
                   "the read-out does not compute PyTorch's cell (FAILED)."))
         fr = self.free_running_max_abs_diff_h
-        if fr > self.tol and not self.chaotic:
+        if not ok:
+            # a wrong read-out's re-run parts for that reason: never rounding, never chaos
+            out += (f" Free-running divergence {fr:.3g}: not a property of the model here, as "
+                    "the read-out's own step is wrong; it is no evidence of rounding or chaos.")
+        elif fr > self.tol and not self.chaotic:
             out += (f" Free-running divergence {fr:.3g} is above the tolerance although the "
                     "model contracts on this text (its divergence rate λ < 0): rounding at "
                     f"{self.meta.get('dtype', 'this')} precision carried along the re-run, not "
@@ -215,11 +221,28 @@ class VerifyResult:
         else:
             out += (f" Free-running divergence {fr:.3g}: the step-by-step re-run stays on the "
                     "module's trajectory (contracting on this text).")
+        out += self._explain_hooks()
         if self.trace_max_abs_diff_h is not None and not passes(
                 self._trace_h, self.trace_max_scaled_diff_c, self.tol):
-            out += (f" The trace given differs from the module's own states by "
-                    f"{self.trace_max_abs_diff_h:.3g}: it is not the module's trajectory (FAILED).")
+            c = "" if self.trace_max_scaled_diff_c is None else (
+                f", c {self.trace_max_scaled_diff_c:.3g} scaled by max(1, |c|)")
+            out += (f" The trace given differs from the module's own states by h "
+                    f"{self.trace_max_abs_diff_h:.3g}{c}: it is not the module's trajectory "
+                    "(FAILED).")
         return out
+
+    def _explain_hooks(self) -> str:
+        """The sentence on a module read on its own call, hooks included (none without).
+
+        >>> VerifyResult("gru", [], 1e-7, None, None, 1e-7, meta={"hooks": ["forward "
+        ...     "pre-hook f"], "inputs": "as given"})._explain_hooks()
+        " Read on the module's own call, its hooks run (forward pre-hook f): inputs as given."
+        """
+        hooks = self.meta.get("hooks")
+        if not hooks:
+            return ""
+        return (f" Read on the module's own call, its hooks run ({', '.join(hooks)}): inputs "
+                f"{self.meta.get('inputs', 'as its forward received them')}.")
 
     def _explain_modern(self) -> str:
         """explain() for gatelens's own cells, whose reference is their parallel form.
@@ -235,9 +258,11 @@ class VerifyResult:
                f"{self.max_abs_diff_h:.3g}) {'<=' if ok else '>'} {self.tol:g}: "
                + ("each layer's step computes the cell's parallel form (passed)." if ok else
                   "the step does not compute the cell's parallel form (FAILED)."))
-        out += (f" Free-running difference {self.free_running_max_abs_diff_h:.3g} (absolute) "
-                "between the whole sequential stack and the parallel form: rounding carried up "
-                "through the layers, not an error by itself.")
+        fr = self.free_running_max_abs_diff_h
+        out += (f" Free-running difference {fr:.3g} (absolute) between the whole sequential "
+                "stack and the parallel form: " + (
+                    "rounding carried up through the layers, not an error by itself." if ok else
+                    "not read, as the step itself is wrong; it is no evidence of rounding."))
         if self.trace_max_abs_diff_h is not None:
             ok = passes(self._trace_h, None, self.tol)
             out += (f" The trace given differs from the trajectory of the module's forward by "
@@ -262,7 +287,7 @@ class VerifyResult:
         >>> r["one_step_max_abs_diff_h"], r["passed"], r["nonfinite"]
         (6.85e-07, True, False)
         """
-        fin = _finite_or_none
+        fin = finite_or_none
         return {"one_step_max_abs_diff_h": fin(self.one_step_max_abs_diff_h),
                 "one_step_max_abs_diff_c": fin(self.one_step_max_abs_diff_c),
                 "one_step_max_scaled_diff_c": fin(self.one_step_max_scaled_diff_c),
@@ -275,13 +300,6 @@ class VerifyResult:
                    if "float64_rejudge" in self.meta else {})}
 
 
-def _maxes(rows: list[LayerDiff], attr: str) -> float | None:
-    vals = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
-    return max(vals) if vals else None
-
-
-def _finite_or_none(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout | None = None,
@@ -306,34 +324,29 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
         if (one is not None and not given_tol and not _rows_pass(one, tol)
                 and can_rejudge(fam, call)):
             # float32 says no: re-judged against the module's own float64 forward (depth.py)
-            depth = {"float32_one_step": _maxes(one, "max_scaled_diff_h")
-                     or _maxes(one, "max_abs_diff_h")}
+            depth = {"float32_one_step": maxes(one, "max_scaled_diff_h")
+                     or maxes(one, "max_abs_diff_h")}
             one = one_step_float64(fam, call)
             rule += "; re-judged in float64 where float32 rounding exceeded it"
         given = None
         if trace is not None:
-            ro = trace if isinstance(trace, Readout) else Readout(dict(trace), trace.h_n,
-                                                                  trace.c_n)
-            if call.layout.get("unbatched") and ro.h_n is not None and ro.h_n.ndim == 2:
-                ro = Readout(ro.signals, ro.h_n.unsqueeze(1),
-                             None if ro.c_n is None else ro.c_n.unsqueeze(1))
-            given = fam.judge(ro, ref)
+            given = fam.judge(as_readout(trace, call), ref)
     rows = free if one is None else one
     w = next(fam.module.parameters(), None)
     return VerifyResult(
         cell=fam.cell, layers=rows,
-        one_step_max_abs_diff_h=None if one is None else _maxes(one, "max_abs_diff_h"),
-        one_step_max_abs_diff_c=None if one is None else _maxes(one, "max_abs_diff_c"),
-        one_step_max_scaled_diff_c=None if one is None else _maxes(one, "max_scaled_diff_c"),
-        free_running_max_abs_diff_h=_maxes(free, "max_abs_diff_h"),
+        one_step_max_abs_diff_h=None if one is None else maxes(one, "max_abs_diff_h"),
+        one_step_max_abs_diff_c=None if one is None else maxes(one, "max_abs_diff_c"),
+        one_step_max_scaled_diff_c=None if one is None else maxes(one, "max_scaled_diff_c"),
+        free_running_max_abs_diff_h=maxes(free, "max_abs_diff_h"),
         free_running_layers=free,
-        trace_max_abs_diff_h=None if given is None else _maxes(given, "max_abs_diff_h"),
-        trace_max_scaled_diff_c=None if given is None else _maxes(given, "max_scaled_diff_c"),
+        trace_max_abs_diff_h=None if given is None else maxes(given, "max_abs_diff_h"),
+        trace_max_scaled_diff_c=None if given is None else maxes(given, "max_scaled_diff_c"),
         tol=tol, meta={"dtype": str(call.inputs.dtype if w is None else w.dtype),
                        "family": fam.name, "tolerance_rule": rule,
                        **({} if depth is None else {"float64_rejudge": depth})},
-        one_step_max_scaled_diff_h=None if one is None else _maxes(one, "max_scaled_diff_h"),
-        trace_max_scaled_diff_h=None if given is None else _maxes(given, "max_scaled_diff_h"))
+        one_step_max_scaled_diff_h=None if one is None else maxes(one, "max_scaled_diff_h"),
+        trace_max_scaled_diff_h=None if given is None else maxes(given, "max_scaled_diff_h"))
 
 
 def _rows_pass(rows: list[LayerDiff], tol: float) -> bool:
@@ -358,6 +371,9 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
            trace: Trace | None = None, tol: float | None = None) -> VerifyResult:
     """The one-step error and the free-running divergence of ``module`` on ``inputs`` (what
     the module takes); with ``trace``, also that trace against the module's own states.
+    A module with hooks is verified on its own call, hooks included (readout/own_call.py):
+    on what its forward received, and a given trace also against what the call returned;
+    a hook that changes the output is refused in one line naming it.
     ``tol`` None: 1e-5, or 8 × the machine epsilon for float16/bfloat16 (``tolerance_for``).
 
     >>> import torch
@@ -370,7 +386,17 @@ def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = No
     True
     """
     fam = open_family(module, "verify()")
-    call = fam.check(inputs, state)
-    with torch.no_grad(), faithful_matmul(call.inputs.device):
+    own = through_hooks(fam, inputs, state, "verify()")
+    call = fam.check(own.inputs, own.state)
+    with torch.no_grad(), faithful_matmul(call.inputs.device), as_computed(module):
         ref = fam.reference(call)
-    return verify_call(fam, call, ref, trace, tol)
+        res = verify_call(fam, call, ref, trace, tol)
+    if not own.hooks:
+        return res
+    meta = {**res.meta, **own.meta()}
+    if trace is None or own.output is None:
+        return replace(res, meta=meta)
+    # the trace against what the module's own call returned, hooks included
+    gap = fam.output_diff(as_readout(trace, call), own.output)
+    return replace(res, meta=meta, trace_max_abs_diff_h=max_or_none(
+        [res.trace_max_abs_diff_h, gap]))

@@ -126,9 +126,11 @@ def _reach(rep: dict) -> list[str]:
     if table is None:
         note = rep.get("output_reach_note") or "not measured (a version 1 report)"
         return [f"No output-level reach: {note}."]
+    note = rep.get("output_reach_note")  # how the output was read (probabilities)
     return table.markdown() + [
         "", f"Reading: {r.get('description', '')} The state curves say what the model holds "
-        "of the changed character; this one says what it still uses to predict."]
+        "of the changed character; this one says what it still uses to predict."] + (
+        ["", f"Note: {note}."] if note else [])
 
 
 def _memory(rep: dict) -> list[str]:

@@ -1,0 +1,136 @@
+"""Which of a model's outputs are its next-token logits (docs/methods.md, "Output-level reach").
+
+The output-level reach and the context figures read logits (B, T, V). A model returns
+them in many ways; ``find_logits`` takes them only where they are logits:
+
+- a dict or an HF ``ModelOutput`` (or any object) with a ``logits`` tensor: that one;
+- a Tensor: itself; a tuple or list: its tensors shaped (B, T, V) against the windows and
+  the vocabulary, whatever their position ((h, logits) as well as (logits, state));
+- several tensors of that shape ((h, logits) with H = V): the recurrent modules' own
+  outputs are not logits and are left out; if more than one remains, no reach, with a
+  note saying why;
+- probabilities (every entry ≥ 0, every row summing to 1: a softmax output) are turned
+  into their logarithms, log-probabilities, which are logits of the same distribution
+  (softmax(log p) = p), with a note; log-probabilities are logits as they are.
+
+>>> import torch
+>>> h, logits = torch.randn(2, 5, 4), torch.randn(2, 5, 7)
+>>> got = find_logits((h, logits), batch=2, length=5, vocab=7)
+>>> got.logits is logits, got.note
+(True, None)
+>>> p = torch.softmax(logits, dim=-1)
+>>> got = find_logits(p, batch=2, length=5, vocab=7)
+>>> bool((got.logits - p.log()).abs().max() == 0), got.note.startswith("the model returns ")
+(True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gatelens.readout.own_call import mark
+
+
+@dataclass
+class Found:
+    """The logits found in an output (None: none usable), and a note for the report: why
+    none, or how the output was read (probabilities turned into log-probabilities)."""
+
+    logits: Tensor | None
+    note: str | None = None
+
+
+def candidates(output: Any) -> list[tuple[str, Tensor]]:
+    """(where, tensor) of every tensor that may be the logits, in order."""
+    if isinstance(output, Tensor):
+        return [("the output", output)]
+    value = output.get("logits") if isinstance(output, Mapping) else getattr(
+        output, "logits", None)
+    if isinstance(value, Tensor):
+        return [("its 'logits'", value)]
+    if isinstance(output, Mapping):
+        return [(f"its {k!r}", v) for k, v in output.items() if isinstance(v, Tensor)]
+    if isinstance(output, (tuple, list)):
+        return [(f"its element {i}", v) for i, v in enumerate(output) if isinstance(v, Tensor)]
+    return []
+
+
+def is_probabilities(x: Tensor) -> bool:
+    """Every entry ≥ 0 and every row (last dim) summing to 1 within the dtype's rounding.
+
+    >>> is_probabilities(torch.softmax(torch.randn(2, 3, 5), -1)), is_probabilities(
+    ...     torch.randn(2, 3, 5)), is_probabilities(torch.log_softmax(torch.randn(2, 3, 5), -1))
+    (True, False, False)
+    """
+    if not x.is_floating_point() or not x.numel() or x.shape[-1] < 2:
+        return False
+    tol = max(1e-4, 32 * torch.finfo(x.dtype).eps)  # float32 1e-4, float16 0.03
+    if not bool((x >= 0).all()):
+        return False
+    return bool(((x.double().sum(-1) - 1).abs() <= tol).all())
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)))
+
+
+def find_logits(output: Any, batch: int, length: int, vocab: int | None,
+                avoid: Iterable[Tensor] = ()) -> Found:
+    """The next-token logits (B, T, V) in ``output`` (see the module docstring). ``vocab``
+    None: any last dim; ``avoid``: tensors that are not logits (the recurrent modules'
+    outputs). An output with no tensor of that shape keeps its first tensor, so the reach's
+    note names the shape it got."""
+    cands = candidates(output)
+    if not cands:
+        return Found(None, "the model gave no tensor output to compare")
+    want = (batch, length)
+
+    def fits(t: Tensor) -> bool:
+        return t.ndim == 3 and tuple(t.shape[:2]) == want and (
+            vocab is None or t.shape[-1] == vocab)
+
+    fit = [(w, t) for w, t in cands if fits(t)]
+    if not fit:
+        return Found(cands[0][1])  # not logits: measure's note names its shape
+    avoid = list(avoid)
+    if len(fit) > 1:
+        fit = [(w, t) for w, t in fit if not any(_same(t, a) for a in avoid)] or fit
+    if len(fit) > 1:
+        shape = f"({batch}, {length}, {fit[0][1].shape[-1]})"
+        return Found(None, f"the model's output holds {len(fit)} tensors shaped {shape} "
+                           f"({', '.join(w for w, _ in fit)}) and none is a recurrent module's "
+                           "output, so gatelens cannot tell which is the logits; return the "
+                           "logits alone or under the key 'logits'")
+    where, logits = fit[0]
+    if is_probabilities(logits):
+        return Found(logits.log(), f"the model returns probabilities ({where}: every entry "
+                                   ">= 0, every row summing to 1), not logits; the reach and "
+                                   "the context figures use their logarithms "
+                                   "(log-probabilities)")
+    return Found(logits)
+
+
+@contextlib.contextmanager
+def recurrent_outputs(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
+    """The first tensor each of ``modules`` returns while the block runs (their h, which
+    is not the logits), by forward hooks removed afterwards."""
+    seen: list[Tensor] = []
+
+    def hook(mod: nn.Module, args: tuple, output: Any) -> None:
+        first = output[0] if isinstance(output, (tuple, list)) and output else output
+        data = getattr(first, "data", None) if not isinstance(first, Tensor) else first
+        if isinstance(data, Tensor):
+            seen.append(data)
+
+    handles = [m.register_forward_hook(mark(hook)) for m in modules]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()

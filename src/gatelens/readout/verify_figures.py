@@ -1,0 +1,37 @@
+"""Small helpers of verify.py: the largest figure of rows, finite-or-None, a trace as a
+family's Readout."""
+
+from __future__ import annotations
+
+import math
+
+from gatelens.families.base import Call, LayerDiff, Readout
+from gatelens.readout.trace_types import Trace
+
+
+def maxes(rows: list[LayerDiff], attr: str) -> float | None:
+    """The largest ``attr`` of the rows that have one, None when none has."""
+    vals = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
+    return max(vals) if vals else None
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x`` as a float when finite, else None (report.json holds no NaN)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def max_or_none(values: list) -> float | None:
+    """The largest value, None without any; NaN wins (a NaN chunk is a NaN verdict)."""
+    vals = [v for v in values if v is not None]
+    if any(math.isnan(v) for v in vals):
+        return math.nan
+    return max(vals) if vals else None
+
+
+def as_readout(trace: Trace | Readout, call: Call) -> Readout:
+    """A given trace as a Readout in the family's batched layout."""
+    ro = trace if isinstance(trace, Readout) else Readout(dict(trace), trace.h_n, trace.c_n)
+    if call.layout.get("unbatched") and ro.h_n is not None and ro.h_n.ndim == 2:
+        ro = Readout(ro.signals, ro.h_n.unsqueeze(1),
+                     None if ro.c_n is None else ro.c_n.unsqueeze(1))
+    return ro
