@@ -41,7 +41,13 @@ from gatelens.families.torch_ops import as_computed
 from gatelens.readout.depth import can_rejudge, one_step_float64
 from gatelens.readout.trace import State, through_hooks
 from gatelens.readout.trace_types import Trace
-from gatelens.readout.verify_figures import as_readout, finite_or_none, max_or_none, maxes
+from gatelens.readout.verify_figures import (  # noqa: F401 - check_tol re-exported
+    as_readout,
+    check_tol,
+    finite_or_none,
+    max_or_none,
+    maxes,
+)
 
 __all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "passes",
            "verify", "verify_call"]
@@ -353,18 +359,6 @@ def _rows_pass(rows: list[LayerDiff], tol: float) -> bool:
     """Every layer's one-step figures within ``tol`` (the rule of ``passes``)."""
     return all(passes(r.max_abs_diff_h if r.max_scaled_diff_h is None else r.max_scaled_diff_h,
                       r.max_scaled_diff_c, tol) for r in rows)
-
-
-def check_tol(tol: float) -> None:
-    """A tolerance is a finite number ≥ 0.
-
-    >>> check_tol(float("nan"))
-    Traceback (most recent call last):
-    ...
-    ValueError: the tolerance must be a finite number >= 0; got nan
-    """
-    if not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
-        raise ValueError(f"the tolerance must be a finite number >= 0; got {tol!r}")
 
 
 def verify(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None,

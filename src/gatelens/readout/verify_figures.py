@@ -1,5 +1,5 @@
 """Small helpers of verify.py: the largest figure of rows, finite-or-None, a trace as a
-family's Readout."""
+family's Readout, the check of a tolerance."""
 
 from __future__ import annotations
 
@@ -35,3 +35,15 @@ def as_readout(trace: Trace | Readout, call: Call) -> Readout:
         ro = Readout(ro.signals, ro.h_n.unsqueeze(1),
                      None if ro.c_n is None else ro.c_n.unsqueeze(1))
     return ro
+
+
+def check_tol(tol: float) -> None:
+    """A tolerance is a finite number ≥ 0.
+
+    >>> check_tol(float("nan"))
+    Traceback (most recent call last):
+    ...
+    ValueError: the tolerance must be a finite number >= 0; got nan
+    """
+    if not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
+        raise ValueError(f"the tolerance must be a finite number >= 0; got {tol!r}")
