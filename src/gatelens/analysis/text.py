@@ -79,14 +79,33 @@ def default_window_starts(n_chars: int, windows: int, length: int) -> list[int]:
 
     >>> default_window_starts(100, 3, 10)
     [0, 45, 90]
+
+    More than ``n_chars // length`` windows overlap (``overlap_note`` says so); more than
+    ``n_chars - length + 1`` would repeat a window and are refused.
     """
     if n_chars < length:
         raise GatelensError(f"validation text has {n_chars} characters, fewer than one "
                             f"window of {length}")
     span = n_chars - length
+    if windows > span + 1:  # more windows than places to start one: some would repeat
+        raise GatelensError(f"validation text has {n_chars} characters: at most {span + 1} "
+                            f"distinct windows of {length}, not {windows} (--windows all: "
+                            f"the {n_chars // length} that do not overlap)")
     if windows == 1:
         return [0]
     return [round(k * span / (windows - 1)) for k in range(windows)]
+
+
+def overlap_note(n_chars: int, windows: int | str, length: int) -> str | None:
+    """Words for evenly spaced windows that overlap (None: they do not).
+
+    >>> overlap_note(1000, 20, 100)
+    'the windows overlap: 1000 characters hold 10 windows of 100 side by side'
+    """
+    if windows == "all" or int(windows) * length <= n_chars:
+        return None
+    return (f"the windows overlap: {n_chars} characters hold {n_chars // length} windows of "
+            f"{length} side by side")
 
 
 def analysis_windows(vocab: Vocab, windows: int | str, length: int, *,

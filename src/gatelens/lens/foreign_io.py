@@ -24,6 +24,7 @@ from torch import Tensor
 from gatelens.analysis.text import Vocab
 from gatelens.errors import GatelensError
 from gatelens.io import NO_CAP, check_regular, read_utf8
+from gatelens.schema_check import check_chars
 from gatelens.training.runs import refuse_nonfinite
 
 SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -197,14 +198,7 @@ def read_vocab(path: PathLike) -> list[str]:
         obj = obj[key]
     if not isinstance(obj, list) or not obj:
         raise GatelensError(f"{p}: expected a non-empty JSON list of characters")
-    seen: dict[str, int] = {}
-    for i, c in enumerate(obj):
-        if not isinstance(c, str) or len(c) != 1:
-            raise GatelensError(f"{p}: entry {i} is {c!r}, not a single character")
-        if c in seen:
-            raise GatelensError(f"{p}: character {c!r} appears twice (entries {seen[c]} and {i})")
-        seen[c] = i
-    return list(obj)
+    return check_chars(obj, str(p))
 
 
 def extend_vocab(chars: list[str], rows: int, what: str) -> tuple[list[str], list[str]]:

@@ -39,6 +39,7 @@ from gatelens.lens.tokens import check_tokenizer, check_unit, encode_text, piece
 from gatelens.readout.own_call import mark
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
+from gatelens.schema_check import check_chars
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
@@ -46,6 +47,20 @@ if TYPE_CHECKING:
     from gatelens.interventions.run import RunResult
 
 __all__ = ["Lens", "LensResult", "output_logits"]
+
+
+def _vocab_list(vocab: object, unit: str) -> list[str]:
+    """``Lens(vocab=)`` as a list: in characters the one rule of ``--vocab`` files and
+    config.json (``check_chars``); in tokens or bytes, a list of strings (a token's text)."""
+    if isinstance(vocab, bool) or not isinstance(vocab, Sequence) or isinstance(vocab, str):
+        raise GatelensError(f"Lens(vocab=...) takes a list of {unit} or their number; got "
+                            f"{type(vocab).__name__}")
+    if unit == "characters":
+        return check_chars(list(vocab), "Lens(vocab=...)")
+    bad = next((i for i, v in enumerate(vocab) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise GatelensError(f"Lens(vocab=...): entry {bad} is {vocab[bad]!r}, not a string")
+    return list(vocab)
 
 
 def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
@@ -129,6 +144,8 @@ class Lens:
         self.tokenizer = tokenizer
         self.unit = check_unit(unit or ("tokens" if tokenizer is not None else "characters"))
         self.vocab = self.run_info.vocab if vocab is None and self.run_info is not None else vocab
+        if self.vocab is not None and not isinstance(self.vocab, int):
+            self.vocab = _vocab_list(self.vocab, self.unit)
         self.encode = encode
         self.families: dict[str, Family] = {}
         for path, m in model.named_modules():

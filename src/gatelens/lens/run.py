@@ -99,7 +99,7 @@ class Run:
         """The analysis windows, (B, T) int64, and their source: ``text``'s first windows,
         else windows evenly spaced over the validation split of the run's own corpus
         (``windows="all"``: every whole window, consecutive)."""
-        from gatelens.analysis.text import Vocab, analysis_windows, read_text_file
+        from gatelens.analysis.text import Vocab, analysis_windows, overlap_note, read_text_file
         from gatelens.training.corpus import load_corpus, split
 
         vocab = Vocab(list(self.vocab))
@@ -119,7 +119,8 @@ class Run:
         _, val_text = split(corpus.text)
         ids = analysis_windows(vocab, windows, length, val_text=val_text)
         how = "every whole window" if windows == ALL else f"{windows} windows evenly spaced"
-        return ids, f"{name} validation split ({how})"
+        note = overlap_note(len(val_text), windows, length)
+        return ids, f"{name} validation split ({how}{'; ' + note if note else ''})"
 
 
 def load_run(run: str | Path, checkpoint: str | int = "best", *,

@@ -21,10 +21,12 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gatelens.errors import GatelensError
 from gatelens.io import atomic_write_json, atomic_write_text
 from gatelens.report.html_data import encode_plot, page_data, plots_inside
 from gatelens.report.html_tables import report_tables
 from gatelens.report.words import in_unit, unit_of
+from gatelens.schema_check import check_fields
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -35,6 +37,14 @@ HERE = Path(__file__).resolve().parent
 #: Keys of page_data that page_data.json leaves out: they are rebuilt from report.json
 #: and the PNG files, so the two never disagree.
 REBUILT = ("report", "plots")
+#: page_data.json's keys as the page and ``rebuild_html`` read them (schema_check's kinds)
+PAGE_FIELDS = {"format": ("int",), "title": ("str",), "meta": ("dict",), "chars": ("list",),
+               "texts": ("list",), "models": ("dict",), "units": ("dict",),
+               "perturb": ("dict", None), "plot_files": ("list",)}
+#: report.json's top-level blocks the page's tables read
+REPORT_FIELDS = {"version": ("int",), "model": ("dict",), "text": ("dict",),
+                 "verification": ("dict", None), "gates": ("dict", None),
+                 "units": ("dict", None)}
 
 
 def _asset(name: str) -> str:
@@ -165,6 +175,12 @@ def rebuild_html(out_dir: str | Path, notes: list[str] | None = None) -> Path:
         if not (out / name).is_file():
             raise FileNotFoundError(f"{out / name} is missing; run `gatelens analyze` first")
     data, report = (_json_object(out / name) for name in ("page_data.json", "report.json"))
+    try:
+        check_fields(data, PAGE_FIELDS, out / "page_data.json",
+                     required=("meta", "chars", "texts", "models"))
+        check_fields(report, REPORT_FIELDS, out / "report.json", required=("model",))
+    except GatelensError as e:
+        raise ValueError(str(e)) from None
     data["report"] = report
     names = data.get("plot_files") or [p.relative_to(out).as_posix()
                                        for p in sorted((out / "plots").glob("*.png"))]

@@ -56,6 +56,7 @@ from gatelens.studies.trial import (
     LOST_HOLDER_WAIT,
     TRIALS,
     _error_line,
+    check_record,
     new_record,
     run_trial,
 )
@@ -179,7 +180,10 @@ def _read_record(path: Path) -> dict | None:
         rec = json.loads(read_utf8(path, "a trial record", SMALL_CAP))
     except (json.JSONDecodeError, RecursionError) as e:
         raise GatelensError(f"{path}: not a trial record ({type(e).__name__})") from None
-    return rec if isinstance(rec, dict) else None
+    if not isinstance(rec, dict):
+        raise GatelensError(f"{path}: not a trial record (not a JSON object)")
+    check_record(rec, path)
+    return rec
 
 
 def _estimate(todo: list[Trial], workers: int, out: Path) -> str:

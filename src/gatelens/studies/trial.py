@@ -18,6 +18,7 @@ from pathlib import Path
 from gatelens.errors import GatelensError
 from gatelens.io import atomic_write_json, remove_leftovers
 from gatelens.lock import clear_held, locked, writing_dir
+from gatelens.schema_check import check_fields
 from gatelens.studies.spec import STUDY_ANALYSIS, Trial
 from gatelens.training.runs import CONFIG, checkpoint_steps, history_rows, read_config
 
@@ -33,6 +34,33 @@ def new_record(trial: Trial) -> dict:
             "spec": trial.settings(), "run": f"{TRIALS}/{trial.id}/run", "status": "pending",
             "error": None, "how": None, "seconds": None, "timings": {}, "attempts": 1,
             "checkpoints": []}
+
+
+#: trial.json's keys as the study's readers use them (schema_check's kinds)
+RECORD_FIELDS = {"version": ("int",), "id": ("str",), "condition": ("dict",),
+                 "seed": ("int",), "spec": ("dict",), "run": ("str",),
+                 "status": (("pending", "running", "done", "failed"),),
+                 "error": ("str", None), "how": ("str", None), "seconds": ("number", None),
+                 "timings": ("dict",), "attempts": ("int",), "checkpoints": ("list",),
+                 "copied_from": ("str", None)}
+CHECKPOINT_FIELDS = {"step": ("int",), "val_loss": ("number", None), "report": ("str",)}
+
+
+def check_record(rec: dict, path: object) -> None:
+    """A trial.json's keys of the types its readers use (one line naming the file and the
+    key, GatelensError); each checkpoint ``{step, val_loss, report}``.
+
+    >>> check_record({"status": "done", "checkpoints": [{"step": "2"}]}, "t/trial.json")
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: t/trial.json: "checkpoints[0].step" must be an integer, got '2'
+    """
+    check_fields(rec, RECORD_FIELDS, path)
+    for k, c in enumerate(rec.get("checkpoints") or []):
+        if not isinstance(c, dict):
+            raise GatelensError(f'{path}: "checkpoints[{k}]" must be an object, got {c!r}')
+        check_fields(c, CHECKPOINT_FIELDS, path, f"checkpoints[{k}]",
+                     required=("step", "report") if rec.get("status") == "done" else ())
 
 
 def _error_line(e: BaseException) -> str:

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from gatelens.analysis.text import Vocab
 from gatelens.errors import GatelensError
 from gatelens.io import NO_CAP, SMALL_CAP, atomic_write, check_regular, read_utf8
+from gatelens.schema_check import check_chars, check_fields
 from gatelens.training.config import TrainConfig
 from gatelens.training.model import CharLM, build_lm
 
@@ -160,10 +161,10 @@ def _check_config(cfg: object, path: Path) -> None:
         if not isinstance(cfg.get(key), kind):
             raise bad(f'"{key}" missing or not a {kind.__name__}')
     m, vocab = cfg["model"], cfg["vocab"]
-    if not vocab or not all(isinstance(c, str) and len(c) == 1 for c in vocab):
-        raise bad('"vocab" must be a non-empty list of single characters')
-    if len(set(vocab)) != len(vocab):
-        raise bad('"vocab" lists a character twice')
+    try:
+        check_chars(vocab, '"vocab"')
+    except GatelensError as e:
+        raise bad(str(e)) from None
     if "vocab_size" in m and m["vocab_size"] != len(vocab):
         raise bad(f'"model" vocab_size {m["vocab_size"]!r} is not the {len(vocab)} characters '
                   'of "vocab"')
@@ -177,6 +178,35 @@ def _check_config(cfg: object, path: Path) -> None:
     best = cfg.get("best", {"step": None})
     if not isinstance(best, dict) or not isinstance(best.get("step"), int | None):
         raise bad('"best" must be {"step", "val_loss"}')
+    _check_blocks(cfg, path)
+
+
+#: config.json's blocks besides "model" and "vocab", as the readers use them
+_TOP = {"corpus": ("dict",), "steps_done": ("int",), "status": ("str",),
+        "optimizer": ("dict",), "versions": ("dict",), "format": ("str",)}
+_TRAIN = {**{k: ("int",) for k in ("hidden", "layers", "heads", "steps", "batch", "seq",
+                                    "eval_every", "val_windows", "seed")},
+          **{k: ("str",) for k in ("corpus", "cell", "nonlinearity", "optimizer",
+                                    "bias_init", "device")},
+          "embed": ("int", None), "lr": ("number",), "clip": ("number",),
+          "forget_bias": ("number", None), "chrono": ("number", None)}
+_CORPUS = {"name": ("str",), "source": ("str",), "sha256": ("str",), "synthetic": ("dict",),
+           "train_chars": ("int",), "val_windows": ("int",)}
+
+
+def _check_blocks(cfg: dict, path: Path) -> None:
+    """The types of every key a reader of config.json uses (schema_check), then the
+    training settings' own rules (``TrainConfig.validate``), each one line naming the key."""
+    check_fields(cfg, _TOP, path)
+    check_fields(cfg["train"], _TRAIN, path, "train")
+    check_fields(cfg.get("corpus", {}), _CORPUS, path, "corpus")
+    check_fields(cfg["best"] if isinstance(cfg.get("best"), dict) else {},
+                 {"val_loss": ("number", None)}, path, "best")
+    try:
+        TrainConfig.from_dict(cfg["train"]).validate()
+    except GatelensError as e:  # "--seed must be ..." -> "train.seed" must be ...
+        msg = re.sub(r"^--([a-z-]+)", lambda g: f'"train.{g[1].replace("-", "_")}"', str(e))
+        raise GatelensError(f"{path}: {msg}") from None
 
 
 def _best_from_weights(run: Path, cfg: dict) -> None:

@@ -1,0 +1,112 @@
+"""The one rule for the JSON files a user can hand back to gatelens (a run's config.json,
+a study's trial.json, an analysis's page_data.json): each key a reader relies on has the
+type it expects, checked before use, and a wrong one is one line naming the file and the
+key (GatelensError, exit 2), never a traceback deep inside.
+
+A field is described by a :data:`Kind`: ``"int"`` (not a bool), ``"number"`` (int or
+float, finite, not a bool), ``"str"``, ``"list"``, ``"dict"``, ``"bool"``, a tuple of
+allowed strings, or ``None`` in a tuple of kinds for "may be null".
+
+>>> check_fields({"seed": "x"}, {"seed": ("int",)}, "run/config.json", "train")
+Traceback (most recent call last):
+...
+gatelens.errors.GatelensError: run/config.json: "train.seed" must be an integer, got 'x'
+>>> check_fields({"forget_bias": None}, {"forget_bias": ("number", None)}, "c.json", "train")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from gatelens.errors import GatelensError
+
+__all__ = ["Kind", "check_chars", "check_fields", "describe", "is_kind"]
+
+#: a field's kind: a name below, None (null allowed), or a tuple of allowed strings
+Kind = str | None | tuple[str, ...]
+
+_WORDS = {"int": "an integer", "number": "a finite number", "str": "a string",
+          "list": "a list", "dict": "an object", "bool": "true or false"}
+
+
+def is_kind(value: Any, kind: Kind) -> bool:
+    """Whether ``value`` is of ``kind`` (the module docstring's names).
+
+    >>> is_kind(True, "int"), is_kind(2.0, "number"), is_kind(float("nan"), "number")
+    (False, True, False)
+    """
+    if kind is None:
+        return value is None
+    if isinstance(kind, tuple):  # one of these strings
+        return isinstance(value, str) and value in kind
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value))
+    return isinstance(value, {"str": str, "list": list, "dict": dict, "bool": bool}[kind])
+
+
+def describe(kinds: tuple[Kind, ...]) -> str:
+    """Words for what a field may be.
+
+    >>> describe(("number", None)), describe((("adam", "sgd"),))
+    ('a finite number or null', 'one of "adam", "sgd"')
+    """
+    words = []
+    for k in kinds:
+        if k is None:
+            words.append("null")
+        elif isinstance(k, tuple):
+            words.append("one of " + ", ".join(f'"{s}"' for s in k))
+        else:
+            words.append(_WORDS[k])
+    return " or ".join(words)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[Kind, ...]],
+                 path: object, block: str | None = None, *,
+                 required: tuple[str, ...] = ()) -> None:
+    """Every key of ``fields`` that ``data`` holds (and each of ``required``, which it must
+    hold) of one of its kinds; else GatelensError ``PATH: "block.key" must be ...``."""
+    for key, kinds in fields.items():
+        name = f"{block}.{key}" if block else key
+        if key not in data:
+            if key in required:
+                raise GatelensError(f'{path}: "{name}" is missing')
+            continue
+        if not any(is_kind(data[key], k) for k in kinds):
+            raise GatelensError(f'{path}: "{name}" must be {describe(kinds)}, got '
+                                f"{_shown(data[key])}")
+
+
+def check_chars(chars: object, where: str) -> list[str]:
+    """A character vocabulary (index order): a non-empty list of distinct single
+    characters. The one rule of ``Lens(vocab=)``, ``--vocab`` files and config.json.
+
+    >>> check_chars(["a", "b"], "vocab")
+    ['a', 'b']
+    >>> check_chars(["a", 5], "vocab")
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: vocab: entry 1 is 5, not a single character
+    """
+    if isinstance(chars, str) or not isinstance(chars, list | tuple) or not chars:
+        raise GatelensError(f"{where}: expected a non-empty list of characters, got "
+                            f"{_shown(chars)}")
+    seen: dict[str, int] = {}
+    for i, c in enumerate(chars):
+        if not isinstance(c, str) or len(c) != 1:
+            raise GatelensError(f"{where}: entry {i} is {_shown(c)}, not a single character")
+        if c in seen:
+            raise GatelensError(f"{where}: character {c!r} appears twice (entries {seen[c]} "
+                                f"and {i})")
+        seen[c] = i
+    return list(chars)
