@@ -237,3 +237,48 @@ def test_keras2_style_file_end_to_end(files):
     assert rep["model"]["path"] == "lstm_1"
     assert "clip(0.2·x + 0.5, 0, 1) (Keras 1-2), from the file's Keras version 2.1.6" in \
         (tmp / "k2" / "report.md").read_text()
+
+
+@pytest.mark.filterwarnings(
+    "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+def test_keras_masks_are_applied_or_refused(files, capsys):
+    """A mask_zero embedding: Keras skips the steps of id 0 (state carried), which the LSTM
+    alone does not; windows holding id 0 are refused, others analysed; a Masking layer (or
+    the masking embedding not given) is refused at the start."""
+    from gatelens.loaders.keras_file import open_keras
+
+    keras = _keras()
+    L = keras.layers
+    tmp, vocab, text = files  # CHARS[0] = "a" occurs in the text
+    model = keras.Sequential([keras.Input((None,), dtype="int32"),
+                              L.Embedding(V, 5, mask_zero=True, name="emb"),
+                              L.LSTM(6, return_sequences=True, name="enc"),
+                              L.Dense(V, name="out")])
+    for layer in model.layers:
+        layer.set_weights([RNG.uniform(-0.6, 0.6, w.shape).astype(np.float32)
+                           for w in layer.get_weights()])
+    model.save(tmp / "masked.keras")
+    assert open_keras(tmp / "masked.keras")["enc"].keras_layer["mask"] == {
+        "layer": "emb", "how": "mask_zero"}
+    ids = np.array([[3, 0, 4, 5], [3, 1, 4, 5]])
+    want = model(ids.astype(np.int32)).detach().numpy()
+    m = load_foreign(tmp / "masked.keras", vocab=vocab, embed="emb", head="out")
+    with torch.no_grad():  # without id 0 the file's model and the read-out agree exactly
+        assert np.abs(m(torch.from_numpy(ids[1:])).numpy() - want[1:]).max() < 1e-5
+        m.masked_id = None  # the read-out of the LSTM alone, were id 0 not refused:
+        assert np.abs(m(torch.from_numpy(ids[:1])).numpy() - want[:1]).max() > 1e-3
+    args = ["analyze", "--weights", tmp / "masked.keras", "--vocab", vocab, "--windows", "2",
+            "--length", "40", "--perturb-pos", "8", "--quiet"]
+    for extra, says in ((["--embed-tensor", "emb", "--head", "out", "--text", text],
+                         "embedding 'emb' masks id 0 ('a', mask_zero): Keras skips those"),
+                        (["--text", text], "Keras layer 'emb' (mask_zero) masks the steps")):
+        got = main([str(a) for a in [*args, *extra, "--out", tmp / "m"]])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert got == 2 and len(err) == 1 and says in err[0], err
+        assert not (tmp / "m").exists()
+    no_a = tmp / "no_a.txt"  # the windows without id 0 still meet it where the perturbation
+    no_a.write_text(("bcd efgh\nhbc " * 40)[:400], encoding="utf-8")  # draws it
+    got = main([str(a) for a in [*args, "--embed-tensor", "emb", "--head", "out", "--text",
+                                 no_a, "--out", tmp / "m"]])
+    err = capsys.readouterr().err
+    assert got == 2 and "1 positions of these windows hold it" in err, err

@@ -56,8 +56,9 @@ class ForeignModel(nn.Module):
     def __init__(self, rnn: nn.Module, vocab: list[str], *, embed: nn.Embedding | None = None,
                  head: nn.Linear | None = None, source: Path = Path(), prefix: str = "",
                  embed_name: str | None = None, head_prefix: str | None = None,
-                 notes: list[str] | None = None) -> None:
+                 notes: list[str] | None = None, masked_id: int | None = None) -> None:
         super().__init__()
+        self.masked_id = masked_id  # a Keras mask_zero embedding: the id its model skips
         self.embed, self.rnn, self.head, self.vocab = embed, rnn, head, list(vocab)
         self.source, self.prefix = source, prefix  # the file, and the rnn's name prefix in it
         self.embed_name, self.head_prefix = embed_name, head_prefix
@@ -73,6 +74,13 @@ class ForeignModel(nn.Module):
 
     def encode(self, ids: Tensor) -> Tensor:
         """The recurrent module's input for character indices (B, T) -> (B, T, E or V)."""
+        if self.masked_id is not None and bool((ids == self.masked_id).any()):
+            n = int((ids == self.masked_id).sum())
+            raise GatelensError(
+                f"{self.source}: embedding '{self.embed_name}' masks id {self.masked_id} "
+                f"({self.vocab[self.masked_id]!r}, mask_zero): Keras skips those steps and "
+                f"the read-out would not; {n} positions of these windows hold it (analyse "
+                "a text without it)")
         if self.embed is not None:
             return self.embed(ids)  # (B, T, E)
         return F.one_hot(ids, len(self.vocab)).to(self.rnn.weight_ih_l0.dtype)  # (B, T, V)

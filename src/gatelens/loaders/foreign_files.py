@@ -101,6 +101,13 @@ def file_parts(path: Path, kind: str, *, vocab: Any, prefix: str | None = None,
     rnn = mods[name]
     dtype, n_in = rnn.weight_ih_l0.dtype, rnn.input_size
     chars = read_vocab(vocab)
+    mask = (getattr(rnn, "keras_layer", None) or {}).get("mask")
+    if mask is not None and (mask["how"] != "mask_zero" or embed != mask["layer"]):
+        raise GatelensError(
+            f"{path}: Keras layer {mask['layer']!r} ({mask['how']}) masks the steps {name!r} "
+            "reads, which the read-out of the layer alone does not apply"
+            + ("" if mask["how"] != "mask_zero" else
+               f"; pass --embed-tensor {mask['layer']} so windows holding id 0 are refused"))
     emb = None
     if embed is not None:
         (table,) = arrays(embed, "embed")
@@ -135,4 +142,5 @@ def file_parts(path: Path, kind: str, *, vocab: Any, prefix: str | None = None,
             "embed_name": embed,
             "head_prefix": None if head is None else head.rstrip(".") + ("." if kind == "onnx"
                                                                          else "/"),
-            "notes": [_note(name, rnn, kind), *notes]}
+            "notes": [_note(name, rnn, kind), *notes],
+            "masked_id": None if mask is None else 0}

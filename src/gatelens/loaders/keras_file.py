@@ -19,6 +19,12 @@ version and the definition used. A Bidirectional layer is one module under the w
 name (``layer0.*`` forward, ``layer0.reverse.*`` backward). A weights-only file has no
 configuration: an LSTM bias of 8H (GRU 6H) is CuDNN's; any other layer needs
 ``recurrent_activation=`` (its activation is taken as tanh), or it is refused.
+
+A model with a mask (an Embedding with ``mask_zero``, a Masking layer) skips the masked
+steps, state carried unchanged; a module alone computes every step. ``keras_layer["mask"]``
+names the layer, and an analysis of the file (``file_parts``) refuses windows the mask
+would change: with the masking Embedding as ``--embed-tensor``, any window holding id 0;
+any other masking layer, in one line at the start.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from torch import nn
 
 from gatelens.cells.variants import ACTIVATIONS, VariantGRU, VariantLSTM
 from gatelens.errors import GatelensError
-from gatelens.loaders.keras_read import RECURRENT, KerasFile, read_keras
+from gatelens.loaders.keras_read import RECURRENT, KerasFile, masking_layer, read_keras
 
 HARD_SIGMOID = {"hard_sigmoid": "clip(x/6 + 0.5, 0, 1) (Keras 3)",
                 "hard_sigmoid_v2": "clip(0.2·x + 0.5, 0, 1) (Keras 1-2)"}
@@ -221,4 +227,8 @@ def open_keras(path: str | os.PathLike, recurrent_activation: str | None = None
     kf = read_keras(path)
     if not kf.weights:
         raise GatelensError(f"{path}: no LSTM or GRU layer with weights in this Keras file")
-    return {name: build_layer(name, kf, recurrent_activation) for name in kf.weights}
+    mods = {name: build_layer(name, kf, recurrent_activation) for name in kf.weights}
+    mask = masking_layer(kf.configs)
+    for mod in mods.values():  # Keras skips masked steps; the module alone does not
+        mod.keras_layer["mask"] = None if mask is None else {"layer": mask[0], "how": mask[1]}
+    return mods

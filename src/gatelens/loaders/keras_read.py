@@ -92,6 +92,23 @@ def layer_configs(config: Any) -> dict[str, dict]:
     return out
 
 
+def masking_layer(configs: dict[str, dict] | None) -> tuple[str, str] | None:
+    """(name, how) of the model's first layer that makes a mask (an Embedding with
+    ``mask_zero``, a Masking layer); None when none does or the file has no config.
+
+    >>> masking_layer({"emb": {"class_name": "Embedding", "config": {"mask_zero": True}}})
+    ('emb', 'mask_zero')
+    """
+    for name, layer in (configs or {}).items():
+        cfg = layer.get("config") if isinstance(layer, dict) else None
+        cls = layer.get("class_name") if isinstance(layer, dict) else None
+        if cls == "Masking":
+            return name, "Masking"
+        if cls == "Embedding" and isinstance(cfg, dict) and cfg.get("mask_zero"):
+            return name, "mask_zero"
+    return None
+
+
 MODELS = ("Sequential", "Functional", "Model")
 
 
