@@ -151,8 +151,13 @@ class HFRGLRUFamily(OfficialFamily):
 
     # ---- the module's own computation ------------------------------------------------
     def _forward(self, call: Call) -> Tensor:
+        block = self._block
         pos = torch.arange(call.length, device=call.inputs.device)[None]
-        return self.module(call.inputs, pos, None, False)
+        saved = (block.conv1d_state, block.rg_lru.recurrent_states)
+        try:  # use_cache=False sets the block's cache to None: put it back
+            return self.module(call.inputs, pos, None, False)
+        finally:
+            block.conv1d_state, block.rg_lru.recurrent_states = saved
 
     def _trajectory(self, call: Call) -> dict:
         block, B, T = self._block, call.batch, call.length
