@@ -305,11 +305,12 @@ def _keep_gap(start_lag: int, types=("recurrent", "attention"), how: str = "a") 
     to |δs| there: the package's own states (its decode path) of the top recurrent layer,
     the clean read-out's a (``how`` "sqrt": a wrong keep √a)."""
     model = gemma(types=types)
-    x = model.model.embed_tokens(torch.randint(0, V, (B, LW))) * D ** 0.5
-    xp = x.clone()
-    xp[:, PW] += torch.randn(B, D, generator=torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
     layers = model.model.layers
     with torch.no_grad():
+        x = model.model.embed_tokens(torch.randint(0, V, (B, LW), generator=g)) * D ** 0.5
+        xp = x.clone()
+        xp[:, PW] += torch.randn(B, D, generator=g)
         pos = torch.arange(LW)[None]
         for layer in layers[:-1]:  # up to the top layer, run as the model runs them
             x, xp = layer(x, pos, None, False), layer(xp, pos, None, False)
@@ -339,10 +340,15 @@ def test_one_layer_has_no_return_path_once_the_window_has_passed():
 
 
 def test_a_cache_is_refused_in_one_line():
-    layer = _layer()
-    fam = HFRGLRUFamily(layer)
+    model = gemma()
+    model.config.use_cache = True  # the model then hands its layers a DynamicCache
+    with pytest.raises(GatelensError, match="got DynamicCache"), torch.no_grad(), \
+            open_cells(model):
+        model(torch.zeros(B, T, dtype=torch.long))
+    fam = HFRGLRUFamily(model.model.layers[0])
     x = _x()
     inputs, state = fam.split_call((x, torch.arange(T)[None], None, True, object()), {})
+    assert inputs is x
     with pytest.raises(GatelensError, match="hf-rglru: a call with a cache"):
         fam.check(inputs, state)
     with pytest.raises(GatelensError, match="inputs must be a float tensor"):
