@@ -59,6 +59,27 @@ class Whole(nn.Module):
         return self.head(self.rnn(self.embed(ids))[0])
 
 
+class Gemma(nn.Module):
+    """A small RecurrentGemmaForCausalLM (a recurrent block, then a local-attention block);
+    its recurrent decoder layer reads the scaled embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.RecurrentGemmaForCausalLM(transformers.RecurrentGemmaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_attention_heads=2, num_hidden_layers=2, block_types=["recurrent", "attention"],
+            attention_window_size=4, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        m = self.lm.model
+        return m.embed_tokens(ids) * m.normalizer.type(torch.float32)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
 #: the families that have no recipe: (the model, the path of the module in it)
 NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "lstm_cell": lambda: (Loop(nn.LSTMCell(4, HIDDEN)), "cell"),
@@ -66,6 +87,7 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "rnn_cell": lambda: (Loop(nn.RNNCell(4, HIDDEN)), "cell"),
     "variant_lstm": lambda: (Whole(VariantLSTM(4, HIDDEN, peepholes=True)), "rnn"),
     "variant_gru": lambda: (Whole(VariantGRU(4, HIDDEN, reset_after=False)), "rnn"),
+    "hf-rglru": lambda: (Gemma(), "lm.model.layers.0"),
 }
 
 
