@@ -23,7 +23,6 @@
 
 # %%
 import matplotlib.pyplot as plt
-import torch
 
 import gatelens
 from gatelens.cli import main
