@@ -51,7 +51,8 @@ torch.manual_seed(0)
 model = CharModel(len(chars))
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 gen = torch.Generator().manual_seed(0)
-for step in range(120):  # your training loop, unchanged
+STEPS = 120
+for _ in range(STEPS):  # your training loop, unchanged
     starts = torch.randint(0, len(ids_all) - 65, (16,), generator=gen)
     batch = torch.stack([ids_all[s:s + 65] for s in starts.tolist()])  # (16, 65)
     logits = model(batch[:, :-1])
@@ -60,7 +61,7 @@ for step in range(120):  # your training loop, unchanged
     opt.zero_grad()
     loss.backward()
     opt.step()
-print(f"training loss after {step + 1} steps: {loss.item():.3f} nats/char")
+print(f"training loss after {STEPS} steps: {loss.item():.3f} nats/char")
 
 # %% [markdown]
 # ## Every gate, as a tensor
@@ -76,6 +77,7 @@ print(list(tr))
 print(tuple(tr["layer1.f"].shape))  # (B, T, H)
 check = gatelens.verify(model.lstm, x)
 print(check.passed, f"{check.max_abs_diff_h:.1e}")
+assert check.passed  # the read-out is PyTorch's own computation, step by step
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 2.5))
@@ -109,6 +111,8 @@ print("perturbation half-life:", round(p.half_life_measured, 2), "characters;",
       "forget gate alone:", round(p.half_life_forget_only, 2))
 print("output reach:", a.reach.describe())
 print("divergence rate:", round(a.divergence.lyapunov_per_char, 3), "nats/char")
+assert a.verification.passed
+assert p.half_life_forget_only < p.half_life_measured  # the return path lengthens memory
 
 # %% [markdown]
 # The same figures are in `report.json` (what `a.report` returns and what

@@ -68,4 +68,5 @@ for cell, a in analyses.items():
 d = analyses["lstm"].decomposition  # (B, T, S) tensors
 gap = (d["forget_path"] + d["return_path"] - d["measured"]).abs().max().item()
 mingru_return = analyses["mingru"].decomposition["return_path"].abs().max().item()
+assert gap < 1e-5 and mingru_return == 0.0
 gap, mingru_return
