@@ -97,8 +97,8 @@ def _check_split(ns: dict, out: Path) -> None:
 SHOWN = {"01_your_model": (["training loss after 120 steps", "(4, 64, 32)\nTrue",
                             "verification: True", "'report.html', 'report.json'",
                             '<div class="gatelens-output"><iframe srcdoc="'], 2),
-         "02_train_and_analyse": (["{'step': 150, 'val_loss'", "mean forget gate: untrained 0.5",
-                                   "{0: 0.5, 75: "], 2),
+         "02_train_and_analyse": (["{'step': 150, 'val_loss'", "mean forget gate: untrained 0.",
+                                   "{0: 0.", ", 75: 0.", ", 150: 0."], 2),
          "03_models_from_elsewhere": (["{'/LSTM': 'LSTM'}", "hf-mamba verified: True",
                                        "'lstm': 'nn.LSTM'"], 0),
          "04_perturbation_split": (["lstm    measured t½", "mingru  measured t½", ", 0.0)"], 1)}
@@ -136,12 +136,15 @@ def test_outputs_are_what_jupyter_shows(agg: Path) -> None:
                   "import matplotlib.pyplot as plt\nprint('hello')\nprint('oops', file=sys.stderr)"
                   "\nplt.plot([1, 2])\n6 * 7\n\n"
                   "# %%\nclass Page:\n    def _repr_html_(self):\n        return '<b>rich</b>'\n"
-                  "Page()\n\n# %%\nx = 1\n\n# %%\nprint('\\n'.join(map(str, range(100))))\n",
+                  "Page()\n\n# %%\nx = 1\n\n# %%\nprint('\\n'.join(map(str, range(100))))\n\n"
+                  "# %%\nclass Big:\n    def _repr_html_(self):\n        return 'x' * 10**6\n"
+                  "    def __repr__(self):\n        return 'Big()'\nBig()\n",
                   "utf-8")
     ns, outputs = run_cells(nb)
-    assert ns["_"].__class__.__name__ == "Page"
+    assert ns["_"].__class__.__name__ == "Big" and ns["x"] == 1
     assert [o.text for o in outputs[:3]] == ["hello\noops\n42\n", "", ""]
-    assert outputs[1].html == "<b>rich</b>" and [len(o.figures) for o in outputs] == [1, 0, 0, 0]
+    assert outputs[1].html == "<b>rich</b>" and [len(o.figures) for o in outputs] == [1, 0, 0, 0, 0]
+    assert outputs[4] == hook.Output("Big()\n", "", [])  # too big to embed: its repr
     assert outputs[0].figures[0].startswith(b"\x89PNG") and not plt_open()
     page = hook.to_markdown(nb.read_text("utf-8"), nb.name, outputs)
     assert "```text\nhello\noops\n42\n```" in page and "outputs below" in page

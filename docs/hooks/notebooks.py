@@ -11,8 +11,9 @@ Each notebook becomes ``tutorials/NN_name.md``: its prose as Markdown, its code 
 ```python blocks, each followed by what the cell showed (its printed text, its last
 expression, its figures) and a link to the file to run. The pages exist only in the built
 site, never under docs/, so the notebook stays their one source. The build runs every
-notebook (a minute of CPU in all); ``GATELENS_DOCS_RUN_TUTORIALS=0`` builds the pages with
-code and prose only (the test suite's site build does, as tests/test_notebooks.py runs them).
+notebook (about half a minute of CPU in all); ``GATELENS_DOCS_RUN_TUTORIALS=0`` builds the
+pages with code and prose only (the test suite's site build does, as tests/test_notebooks.py
+runs them).
 """
 
 from __future__ import annotations
