@@ -29,7 +29,7 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks studies docs/hooks
+	$(VENV)/bin/ruff check src tests benchmarks studies docs/hooks docs/tutorials
 
 test: install browser lint
 	$(PY) -m pytest

@@ -3,11 +3,15 @@
 Strict mode turns every warning into a failure: a broken link or anchor between pages, an
 API page naming an object that does not exist, a docstring reference that does not
 resolve. The command-line page and the families table are generated from the code by
-docs/hooks/generated.py, so they are checked against the parser and the registry here.
+docs/hooks/generated.py, so they are checked against the parser and the registry here. The
+Tutorials pages are generated from docs/tutorials/*.py by docs/hooks/notebooks.py; this
+build skips running them (tests/test_notebooks.py runs them and checks their outputs), and
+a small stand-in notebook checks that a run notebook's outputs reach its page.
 """
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import re
@@ -26,8 +30,9 @@ pytestmark = pytest.mark.xdist_group("docs-site")  # one build for the module's 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
+def _build(root: Path, site: Path, run_tutorials: bool = False) -> subprocess.CompletedProcess:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1",
+               GATELENS_DOCS_RUN_TUTORIALS="1" if run_tutorials else "0",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
                            str(root / "mkdocs.yml"), "--site-dir", str(site)],
@@ -52,6 +57,56 @@ def test_every_nav_page_is_built(site: Path) -> None:
         assert (site / page / "index.html").is_file(), page
     assert "Quick start" in (site / "index.html").read_text("utf-8")
     assert not (site / "hooks").exists()  # the hooks are code, not pages
+
+
+TUTORIALS = {"01_your_model": "Your own model, opened",
+             "02_train_and_analyse": "Train a character LSTM, then read the run",
+             "03_models_from_elsewhere": "Models from elsewhere",
+             "04_perturbation_split": "How long a changed character stays"}
+
+
+def test_tutorials_are_pages_with_their_code(site: Path) -> None:
+    nav = (site / "index.html").read_text("utf-8")
+    assert "Tutorials" in nav
+    for stem, title in TUTORIALS.items():
+        page = _text(site, f"tutorials/{stem}")
+        source = (ROOT / "docs" / "tutorials" / f"{stem}.py").read_text("utf-8")
+        assert title in nav and title in page, stem
+        assert page.count('<div class="highlight">') == source.count("\n# %%\n")  # code cells
+        assert "import gatelens" in _plain(page) and "outputs below" not in page
+        assert f'href="../{stem}.py"' in page and (site / "tutorials" / f"{stem}.py").is_file()
+        assert (site / "tutorials" / f"{stem}.py").read_text("utf-8") == source
+    assert "gatelens.Lens(model, vocab=chars)" in _plain(_text(site, "tutorials/01_your_model"))
+
+
+def _plain(page: str) -> str:
+    """A page's text without its tags (highlighted code is split into spans)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_a_run_tutorial_page_shows_its_outputs(tmp_path: Path) -> None:
+    """A stand-in notebook, run by the build as the real ones are: the page shows what it
+    printed, its last expression and its figure (a minimal site, so the build is quick)."""
+    root = tmp_path / "mini"
+    (root / "docs" / "tutorials").mkdir(parents=True)
+    shutil.copytree(ROOT / "docs" / "hooks", root / "docs" / "hooks")
+    (root / "docs" / "index.md").write_text("# Home\n\nSee the [tutorial](tutorials/01_tiny.md).\n")
+    (root / "docs" / "tutorials" / "01_tiny.py").write_text(
+        "# %% [markdown]\n# # A tiny tutorial\n#\n# Prose.\n\n# %%\n"
+        "import matplotlib.pyplot as plt\nprint('printed by the cell')\nplt.plot([0, 1])\n"
+        "'shown' + ' last'\n", "utf-8")
+    (root / "mkdocs.yml").write_text(
+        "site_name: mini\ndocs_dir: docs\nexclude_docs: |\n  hooks/\nstrict: true\n"
+        "theme:\n  name: material\nhooks:\n  - docs/hooks/notebooks.py\n"
+        "markdown_extensions:\n  - pymdownx.superfences\n"
+        "nav:\n  - Home: index.md\n  - Tutorials:\n      - tutorials/01_tiny.md\n", "utf-8")
+    done = _build(root, tmp_path / "site", run_tutorials=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    page = _text(tmp_path / "site", "tutorials/01_tiny")
+    assert "A tiny tutorial" in page and "outputs below are from the run" in page
+    assert "printed by the cell\n'shown last'" in _plain(page)
+    assert page.count('src="data:image/png;base64,') == 1
+    assert not (root / "docs" / "tutorials" / "01_tiny.md").exists()  # the notebook is the source
 
 
 def test_cli_page_is_every_commands_help(site: Path) -> None:
@@ -90,7 +145,10 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
 
 
 def test_python_blocks_of_the_docs_are_readme_examples() -> None:
-    """Each ```python block of docs/*.md is one of the README's, which test_readme runs."""
+    """Each ```python block of docs/*.md is one of the README's, which test_readme runs.
+
+    The Tutorials pages are not docs/*.md: they are generated from docs/tutorials/*.py,
+    whose code tests/test_notebooks.py runs, so the rule does not reach them."""
     readme = _python_blocks((ROOT / "README.md").read_text("utf-8"))
     found = 0
     for page in sorted((ROOT / "docs").glob("*.md")):
