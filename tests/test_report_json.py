@@ -157,3 +157,18 @@ def test_reach_is_plotted_beside_the_state_curves(tmp_path, analysis_of):
     write_analysis(a, tmp_path / "no_reach")
     narrow = mpimg.imread(tmp_path / "no_reach" / "plots" / "perturbation_decay.png")
     assert wide.shape[1] > 1.5 * narrow.shape[1]
+
+
+def test_schema_keep_gate_names_are_the_registrys(monkeypatch):
+    """units.gate's names come from the registered families, one added later included."""
+    from types import SimpleNamespace
+
+    from gatelens.families import registry
+    from gatelens.report.json_report import schema as load_schema
+
+    specs = registry.cell_specs()
+    enum = load_schema()["$defs"]["units"]["properties"]["gate"]["enum"]
+    assert {s.keep_gate for s in specs.values()} <= set(enum) and enum[-1] is None
+    leaky = SimpleNamespace(keep_gate="lam")  # the one field schema() reads
+    monkeypatch.setattr(registry, "cell_specs", lambda: {**specs, "leaky": leaky})
+    assert "lam" in load_schema()["$defs"]["units"]["properties"]["gate"]["enum"]

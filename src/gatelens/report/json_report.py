@@ -35,12 +35,23 @@ POOLING = ("layers pooled: a unit of any layer counts as one unit; the carried s
 
 
 def schema() -> dict:
-    """The JSON schema of report.json v4 (``gatelens/report/schema.json``).
+    """The JSON schema of report.json v4 (``gatelens/report/schema.json``), its keep-gate
+    names (``units.gate``) those of every registered family (a family added by
+    ``GATELENS_FAMILIES`` included), so the file's list is never the only word.
 
     >>> schema()["properties"]["version"]
     {'enum': [1, 2, 3, 4]}
+    >>> "alpha" in schema()["$defs"]["units"]["properties"]["gate"]["enum"]
+    True
     """
-    return json.loads(resources.files(__package__).joinpath("schema.json").read_text("utf-8"))
+    from gatelens.families.registry import cell_specs
+
+    out = json.loads(resources.files(__package__).joinpath("schema.json").read_text("utf-8"))
+    gate = out["$defs"]["units"]["properties"]["gate"]
+    names = {s.keep_gate for s in cell_specs().values() if s.keep_gate is not None}
+    gate["enum"] = [*(g for g in gate["enum"] if g is not None),
+                    *sorted(names - set(gate["enum"])), None]
+    return out
 
 
 def null_units(n_units: int) -> dict:
