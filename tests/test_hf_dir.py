@@ -264,8 +264,13 @@ def test_a_model_with_no_recurrent_module_and_one_with_two(tmp_path):
         load_hf(tmp_path / "gpt")
     two = nn.Sequential(nn.Embedding(5, 3), nn.LSTM(3, 4, batch_first=True))
     two.add_module("again", nn.GRU(4, 4, batch_first=True))
-    with pytest.raises(GatelensError, match=r"^ckpt: 2 recurrent modules \('1', 'again'\)"):
+    with pytest.raises(GatelensError, match=r"^ckpt: 2 recurrent modules \('1', 'again'\); "
+                       "--model analyses one: pick it with --modules"):
         only_module(Lens(two, vocab=5), "ckpt")
+    assert only_module(Lens(two, vocab=5), "ckpt", [-1]) == "again"
+    assert only_module(Lens(two, vocab=5), "ckpt", "ag*") == "again"
+    with pytest.raises(GatelensError, match=r"^layers: 'x' names no recurrent module"):
+        only_module(Lens(two, vocab=5), "ckpt", ["x"])
 
 
 def test_text_needs_the_tokenizer_and_enough_tokens(ckpt, tmp_path, text, capsys):

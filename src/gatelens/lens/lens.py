@@ -35,11 +35,19 @@ from gatelens.families.torch_ops import as_computed
 from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
 from gatelens.lens.logits import candidates, find_logits, recurrent_outputs
 from gatelens.lens.run import Run
-from gatelens.lens.tokens import check_tokenizer, check_unit, encode_text, pieces, vocab_size
+from gatelens.lens.tokens import (
+    check_tokenizer,
+    check_unit,
+    encode_text,
+    names_tokens,
+    pieces,
+    vocab_list,
+    vocab_size,
+)
 from gatelens.readout.own_call import mark
+from gatelens.readout.select import Selection, select_paths
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
-from gatelens.schema_check import check_chars
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
@@ -47,20 +55,6 @@ if TYPE_CHECKING:
     from gatelens.interventions.run import RunResult
 
 __all__ = ["Lens", "LensResult", "output_logits"]
-
-
-def _vocab_list(vocab: object, unit: str) -> list[str]:
-    """``Lens(vocab=)`` as a list: in characters the one rule of ``--vocab`` files and
-    config.json (``check_chars``); in tokens or bytes, a list of strings (a token's text)."""
-    if isinstance(vocab, bool) or not isinstance(vocab, Sequence) or isinstance(vocab, str):
-        raise GatelensError(f"Lens(vocab=...) takes a list of {unit} or their number; got "
-                            f"{type(vocab).__name__}")
-    if unit == "characters":
-        return check_chars(list(vocab), "Lens(vocab=...)")
-    bad = next((i for i, v in enumerate(vocab) if not isinstance(v, str)), None)
-    if bad is not None:
-        raise GatelensError(f"Lens(vocab=...): entry {bad} is {vocab[bad]!r}, not a string")
-    return list(vocab)
 
 
 def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
@@ -142,10 +136,11 @@ class Lens:
                 raise GatelensError("Lens takes vocab= or tokenizer=, not both")
             check_tokenizer(tokenizer)
         self.tokenizer = tokenizer
-        self.unit = check_unit(unit or ("tokens" if tokenizer is not None else "characters"))
+        self.unit = check_unit(unit or ("tokens" if tokenizer is not None or names_tokens(vocab)
+                                        else "characters"))
         self.vocab = self.run_info.vocab if vocab is None and self.run_info is not None else vocab
         if self.vocab is not None and not isinstance(self.vocab, int):
-            self.vocab = _vocab_list(self.vocab, self.unit)
+            self.vocab = vocab_list(self.vocab, self.unit)
         self.encode = encode
         self.families: dict[str, Family] = {}
         for path, m in model.named_modules():
@@ -338,7 +333,7 @@ class Lens:
         base = None if self.run_info is None else self.run_info.baseline()
         if base is None:
             return None
-        lens = Lens(base.model, self.vocab, self.encode)
+        lens = Lens(base.model, self.vocab, self.encode, unit=self.unit)
         fam = lens.families[path]
         return base.step, fam.module, lens._runner(base.model, fam, path)
 
@@ -373,13 +368,16 @@ class Lens:
     def analyze(self, text_or_ids: str | os.PathLike | Tensor,
                 settings: AnalysisSettings | None = None, *,
                 out: str | os.PathLike | None = None, chunk: int | None = None,
-                progress: bool = False, **options: Any) -> LensResult:
+                progress: bool = False, layers: Selection = None,
+                **options: Any) -> LensResult:
         """Measure every recurrent module; with ``out``, write OUT/<path or "model">/report.*
         and OUT/index.html (each analysis appears whole). ``settings`` (an
         ``AnalysisSettings``, or its fields as keyword arguments: ``windows``, ``length``,
         ``perturb_pos``, ``exponents``, ``fixed_points``, ``memory_windows``, ``seed``)
         says what is measured; ``seed`` draws the replacement characters (default: the
-        run's seed for a run's model, else 0)."""
+        run's seed for a run's model, else 0). ``layers`` measures only some of the
+        recurrent modules: positions among ``families`` (0, -1), module paths or shell
+        patterns (readout/select.py)."""
         from gatelens.report.write import write_analysis
 
         s = AnalysisSettings.build(settings, **options)
@@ -387,7 +385,7 @@ class Lens:
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
         analyses = {path: self.measure(path, ids, chars, s, text=text, chunk=chunk,
                                        progress=progress)
-                    for path in self.families}
+                    for path in select_paths(list(self.families), layers)}
         notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
         result = LensResult(analyses, None if out is None else Path(out), notes=notes)
         if result.out is not None:

@@ -18,11 +18,12 @@ Each token that occurs in the windows is shown by its decoded text (a word-start
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gatelens.errors import GatelensError
 from gatelens.report.words import UNITS
+from gatelens.schema_check import check_chars
 
 WORD_START = ("Ġ", "▁")  # GPT-2's byte-level BPE and SentencePiece mark a leading space so
 
@@ -98,3 +99,29 @@ def pieces(tokenizer: Any, occurring: Iterable[int], size: int) -> list[str]:
     for i in sorted(set(int(i) for i in occurring)):
         out[i] = piece(tokenizer, i)
     return out
+
+
+def vocab_list(vocab: object, unit: str) -> list[str]:
+    """``Lens(vocab=)`` as a list: in characters the one rule of ``--vocab`` files and
+    config.json (``check_chars``); in tokens or bytes, a list of strings (a token's text)."""
+    if isinstance(vocab, bool) or not isinstance(vocab, Sequence) or isinstance(vocab, str):
+        raise GatelensError(f"Lens(vocab=...) takes a list of {unit} or their number; got "
+                            f"{type(vocab).__name__}")
+    if unit == "characters":
+        return check_chars(list(vocab), "Lens(vocab=...)")
+    bad = next((i for i, v in enumerate(vocab) if not isinstance(v, str) or not v), None)
+    if bad is not None:
+        raise GatelensError(f"Lens(vocab=...): entry {bad} is {vocab[bad]!r}, not a "
+                            "non-empty string")
+    return list(vocab)
+
+
+def names_tokens(vocab: object) -> bool:
+    """Whether a ``Lens(vocab=)`` list is a token vocabulary (an entry of more than one
+    character): the unit then defaults to tokens; single characters are characters.
+
+    >>> names_tokens(["a", "b"]), names_tokens(["the", " cat"]), names_tokens(12)
+    (False, True, False)
+    """
+    return (isinstance(vocab, Sequence) and not isinstance(vocab, str)
+            and any(isinstance(v, str) and len(v) > 1 for v in vocab))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.loaders.hf_dir import HFModel, load_hf, token_windows
+from gatelens.readout.select import Selection, select_paths
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -38,18 +39,35 @@ def add_hf_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", metavar="DIR",
                    help="a local Hugging Face checkpoint; --text is read as its tokens "
                         "(windows of LENGTH tokens); needs --text and --out")
+    g.add_argument("--modules", metavar="LIST", type=layer_list, default=None,
+                   help="the recurrent module to analyse, of a model with several: its "
+                        "position among them (0, -1) or its module path or a shell pattern")
     g.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
                    help="let transformers run the directory's own Python code (auto_map): "
                         "only for a directory you trust (default: never)")
 
 
-def only_module(lens: Lens, where: str) -> str:
-    """The path of the one recurrent module ``lens`` opened; a one-line error for several."""
-    paths = list(lens.families)
+def layer_list(text: str) -> list[int | str]:
+    """An argparse type for --modules: comma-separated positions or module paths/patterns.
+
+    >>> layer_list("0,-1,model.layers.3.linear_attn")
+    [0, -1, 'model.layers.3.linear_attn']
+    """
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected positions or module paths, got {text!r}")
+    return [int(t) if t.lstrip("-").isdigit() else t for t in items]
+
+
+def only_module(lens: Lens, where: str, layers: Selection = None) -> str:
+    """The path of the one recurrent module ``lens`` opened, or the one ``layers`` picks
+    (readout/select.py); a one-line error for several."""
+    paths = select_paths(list(lens.families), layers)
     if len(paths) != 1:
-        listed = ", ".join(repr(p) for p in paths)
+        listed = ", ".join(repr(p) for p in paths[:8]) + (" ..." if len(paths) > 8 else "")
         raise GatelensError(f"{where}: {len(paths)} recurrent modules ({listed}); --model "
-                            "analyses a model with one (use gatelens.Lens for several)")
+                            "analyses one: pick it with --modules (a position or its path), "
+                            "or use gatelens.Lens(...).analyze(layers=...) for several")
     return paths[0]
 
 
@@ -59,7 +77,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike,
                seed: int = 0, chunk: int | None = None, progress: bool = False,
                exponents: int | str = DEFAULTS.exponents,
                fixed_points: bool = DEFAULTS.fixed_points,
-               trust_remote_code: bool = False) -> Analysis:
+               trust_remote_code: bool = False, layers: Selection = None) -> Analysis:
     """Analyse a Hugging Face checkpoint (an :class:`HFModel`, or its directory) on the
     first token windows of a UTF-8 text file; writes OUT/report.json, report.md, plots and
     report.html, as ``analyze`` does."""
@@ -77,7 +95,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike,
     # occur, token classes, every report in tokens (lens/tokens.py)
     lens = Lens(hf.model, tokenizer=hf.tokenizer) if hf.tokenizer is not None else Lens(
         hf.model, vocab=hf.tokens(), unit="tokens")
-    path = only_module(lens, str(hf.directory))
+    path = only_module(lens, str(hf.directory), layers)
     _, vocab, _ = lens.windows(ids, windows, length)  # ids: their tokens' texts
     how = "every whole window" if windows == "all" else f"first {ids.shape[0]} windows"
     source = f"{text} ({len(every)} tokens; {how} of {length} tokens)"
@@ -99,4 +117,5 @@ def analyze_hf_from_args(args: argparse.Namespace) -> Analysis:
     return analyze_hf(args.model, text=args.text, windows=args.windows, length=args.length,
                       perturb_pos=args.perturb_pos, out=args.out, progress=not args.quiet,
                       exponents=args.exponents, fixed_points=args.fixed_points,
-                      trust_remote_code=args.trust_remote_code)
+                      trust_remote_code=args.trust_remote_code,
+                      layers=getattr(args, "modules", None))

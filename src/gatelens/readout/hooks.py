@@ -18,17 +18,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from gatelens.cells.numerics import faithful_matmul
+from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of
 from gatelens.families.stepped import recorded_output_diff
 from gatelens.readout.own_call import mark
+from gatelens.readout.select import Selection, keeps_name, select_paths
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
@@ -116,8 +119,16 @@ class _Running:
             self.busy = False
 
 
+def only(tr: Trace, names: Sequence[str] | None) -> Trace:
+    """``tr`` holding only the trace names ``names`` keeps (None: all)."""
+    if names is None:
+        return tr
+    return replace(tr, tensors={k: v for k, v in tr.tensors.items() if keeps_name(k, names)})
+
+
 @contextlib.contextmanager
-def open_cells(model: nn.Module) -> Iterator[CellCache]:
+def open_cells(model: nn.Module, layers: Selection = None,
+               names: Sequence[str] | None = None) -> Iterator[CellCache]:
     """Trace every recurrent module of ``model`` each time it runs inside the block.
 
     The model runs exactly as usual (its output is untouched); each recurrent module's
@@ -131,6 +142,11 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
     A family's own re-runs of its module are not hooked, and a recurrent module inside an
     opened one (mingru-pytorch's minGRU layers inside its minLM) is read once, as a layer of
     the outer module's trace: each module's reference runs once per forward at any depth.
+
+    ``layers`` reads only some of the recurrent modules (positions among them in the
+    model's order, module paths or shell patterns); ``names`` keeps only some trace names
+    (``["s"]``, ``["f", "c"]``), so a deep model's trace holds proportionally less
+    (readout/select.py). A selection that names nothing is one line listing what there is.
     """
     cache = CellCache()
     handles = []
@@ -138,12 +154,20 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
     opened = [(path, module, fam) for path, module in model.named_modules()
               if (fam := family_of(module)) is not None]
     running = _Running([path for path, _, _ in opened])
+    keep = set(select_paths([p for p, _, _ in opened], layers))
+    if names is not None:
+        known = [n for p, _, fam in opened if p in keep for n in fam.names()]
+        unknown = [n for n in names if not any(keeps_name(k, [n]) for k in known)]
+        if unknown:
+            raise GatelensError(f"names: {unknown[0]!r} is no trace name of the modules read "
+                                f"(they have {', '.join(dict.fromkeys(known))})")
 
     def make_hook(path: str, fam: Family):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             # always called, also when the forward raised (output None): the count stays true
             running.leave(path)
-            if output is None or running.busy or running.inside_opened(path):
+            if output is None or running.busy or running.inside_opened(path) or \
+                    path not in keep:
                 return
             inputs, state = fam.split_call(args, kwargs)
             if is_step_call(fam, inputs):
@@ -154,7 +178,7 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
                 packed = call.layout.get("packed") is not None
                 ro = fam.rerun(call) if packed else fam.read(call, fam.reference(call))
                 diff = fam.output_diff(ro, output)
-            cache.traces.setdefault(path, []).append(assemble(fam, call, ro))
+            cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro), names))
             if diff is not None:
                 cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
 
@@ -174,9 +198,9 @@ def open_cells(model: nn.Module) -> Iterator[CellCache]:
                 with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device):
                     ro = fam.read(call, fam.reference(call))
                     diff = recorded_output_diff(fam, ro, call)
-                cache.traces.setdefault(path, []).append(
+                cache.traces.setdefault(path, []).append(only(
                     assemble(fam, call, ro, calls=rec.calls, first_call=rec.first,
-                             started=rec.why))
+                             started=rec.why), names))
                 cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
     finally:
         for h in handles:

@@ -40,7 +40,7 @@ REBUILT = ("report", "plots")
 #: page_data.json's keys as the page and ``rebuild_html`` read them (schema_check's kinds)
 PAGE_FIELDS = {"format": ("int",), "title": ("str",), "meta": ("dict",), "chars": ("list",),
                "texts": ("list",), "models": ("dict",), "units": ("dict",),
-               "perturb": ("dict", None), "plot_files": ("list",)}
+               "perturb": ("dict", None)}  # plot_files: plots_inside's own check
 #: report.json's top-level blocks the page's tables read
 REPORT_FIELDS = {"version": ("int",), "model": ("dict",), "text": ("dict",),
                  "verification": ("dict", None), "gates": ("dict", None),

@@ -124,7 +124,10 @@ def _finished_trials(dirs: Iterable[str | Path]) -> dict[str, Path]:
         for path in sorted((d / TRIALS).glob("*/trial.json")):
             if path.parent.name.startswith("."):  # a copy under way or interrupted
                 continue
-            rec = _read_record(path)
+            try:
+                rec = _read_record(path)
+            except GatelensError as e:  # another study's record: say which flag led there
+                raise GatelensError(f"--reuse {e}") from None
             if rec and rec.get("status") == "done" and isinstance(rec.get("spec"), dict):
                 found.setdefault(_settings_key(rec["spec"]), path.parent)
     return found

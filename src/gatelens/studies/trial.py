@@ -43,7 +43,7 @@ RECORD_FIELDS = {"version": ("int",), "id": ("str",), "condition": ("dict",),
                  "error": ("str", None), "how": ("str", None), "seconds": ("number", None),
                  "timings": ("dict",), "attempts": ("int",), "checkpoints": ("list",),
                  "copied_from": ("str", None)}
-CHECKPOINT_FIELDS = {"step": ("int",), "val_loss": ("number", None), "report": ("str",)}
+CHECKPOINT_FIELDS = {"step": ("int",), "val_loss": ("number", None)}  # report: path_inside
 
 
 def check_record(rec: dict, path: object) -> None:
@@ -60,7 +60,7 @@ def check_record(rec: dict, path: object) -> None:
         if not isinstance(c, dict):
             raise GatelensError(f'{path}: "checkpoints[{k}]" must be an object, got {c!r}')
         check_fields(c, CHECKPOINT_FIELDS, path, f"checkpoints[{k}]",
-                     required=("step", "report") if rec.get("status") == "done" else ())
+                     required=("step",) if rec.get("status") == "done" else ())
 
 
 def _error_line(e: BaseException) -> str:
