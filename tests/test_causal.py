@@ -1,0 +1,143 @@
+"""Causal memory (issue 28, part 4; docs/methods.md "Interventions"): the return path cut
+reproduces each layer's forget-only curve (nn.LSTM, nn.GRU, gatelens's minGRU; plain and
+chaotic, every weight x8 and x16), and the state ablation's KL at lag 0 and lag 1 against
+the model's head and the module's OWN forward from the ablated state, computed here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import gatelens
+from gatelens.analysis.perturbation import perturb_windows
+from gatelens.errors import GatelensError
+from gatelens.interventions.causal import return_cut, state_ablation
+from gatelens.training.model import CharLM
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+V, E, H, B, T, P = 7, 5, 8, 4, 30, 8
+KINDS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
+
+
+class Net(nn.Module):
+    """embedding -> a recurrent stack -> head."""
+
+    def __init__(self, kind: str = "lstm", layers: int = 2, scale: float = 1.0,
+                 seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(V, E)
+        self.rnn = KINDS[kind](E, H, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(H, V)
+        with torch.no_grad():
+            for n, p in self.rnn.named_parameters():
+                if n.startswith("weight"):
+                    p.mul_(scale)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.head(self.rnn(self.embed(ids))[0])
+
+
+def ids_of(seed: int = 1) -> Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("scale", [1.0, 8.0, 16.0])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_return_path_cut_is_the_forget_only_curve(kind, scale) -> None:
+    cut = return_cut(gatelens.Lens(Net(kind, scale=scale)), ids_of(), P)
+    assert cut.lags == [1, 2, 4, 8, 16]
+    assert [c.layer for c in cut.layers] == [0, 1] and cut.pooled.layer is None
+    for c in [*cut.layers, cut.pooled]:
+        assert c.n == B
+        for k, (m, a) in enumerate(zip(c.measured, c.forget_only, strict=True)):
+            assert abs(m - a) <= 2e-6 + 1e-5 * a, (c.layer, cut.lags[k], m, a)
+    assert cut.max_abs_diff < 2e-6
+    assert cut.max_abs_residual < 2e-6  # every window, position and unit, not just norms
+    # the uncut run has a return path (layer 1 reads layer 0's changed output): the check
+    # can fail, the cut is what makes the curves meet
+    assert max(abs(u - a) for u, a in zip(cut.layers[1].uncut, cut.layers[1].forget_only,
+                                          strict=True)) > 1e-4
+    d = cut.to_dict()
+    assert d["lags"] == cut.lags and len(d["layers"]) == 2 and d["patched"]
+
+
+def test_the_cut_of_gatelens_mingru_and_a_given_perturbation() -> None:
+    torch.manual_seed(0)
+    lm = CharLM(vocab_size=V, hidden=H, layers=2, cell="mingru").eval()
+    ids = ids_of()
+    pert = perturb_windows(ids, P, V, seed=3)
+    cut = return_cut(gatelens.Lens(lm), ids, P, perturbed=pert)
+    assert cut.max_abs_diff < 2e-6 and cut.max_abs_residual < 2e-6
+    assert cut.gates == ["z", "keep", "cand"]
+
+
+def test_cut_and_ablation_refuse_what_they_cannot_do() -> None:
+    lens, ids = gatelens.Lens(Net("rnn")), ids_of()
+    with pytest.raises(GatelensError, match="rnn_tanh cell .* no return path"):
+        return_cut(lens, ids, P)
+    lens = gatelens.Lens(Net("lstm"))
+    with pytest.raises(GatelensError, match="p must be a position in 0..28"):
+        return_cut(lens, ids, T - 1)
+    with pytest.raises(GatelensError, match="p must be a position"):
+        state_ablation(lens, ids, -1)
+    with pytest.raises(GatelensError, match="perturbed must be ids of the shape"):
+        return_cut(lens, ids, P, perturbed=ids[:, :5])
+    with pytest.raises(GatelensError, match="path='nope' is not a recurrent module"):
+        state_ablation(lens, ids, P, path="nope")
+
+
+def _kl(p_logits: Tensor, q_logits: Tensor) -> Tensor:
+    """KL(softmax p ‖ softmax q) per row, float64."""
+    lp, lq = (torch.log_softmax(x.double(), dim=-1) for x in (p_logits, q_logits))
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 16.0])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_state_ablation_at_lag_0_and_1_by_hand(kind, scale) -> None:
+    net, ids = Net(kind, scale=scale), ids_of()
+    ab = state_ablation(gatelens.Lens(net), ids, P)
+    assert ab.parts == (["h", "c"] if kind == "lstm" else ["h"])
+    with torch.no_grad():
+        x = net.embed(ids)
+        y, _ = net.rnn(x)
+        clean = net.head(y)
+        # every part of every layer: its mean per unit over windows and positions
+        hs, cs = [], []
+        inp = x
+        for k in range(2):
+            layer = KINDS[kind](E if k == 0 else H, H, batch_first=True)
+            layer.load_state_dict({n.replace(f"_l{k}", "_l0"): p
+                                   for n, p in net.rnn.state_dict().items() if f"_l{k}" in n})
+            out = layer(inp)[0]
+            hs.append(out.double().mean((0, 1)).float())
+            if kind == "lstm":  # c of layer k, from its own cell run one step at a time
+                cell = nn.LSTMCell(layer.input_size, H)
+                cell.load_state_dict({n[:-3]: p for n, p in layer.state_dict().items()})
+                h = c = torch.zeros(B, H)
+                c_all = []
+                for t in range(T):
+                    h, c = cell(inp[:, t], (h, c))
+                    c_all.append(c)
+                cs.append(torch.stack(c_all, 1).double().mean((0, 1)).float())
+            inp = out
+        at_p = net.head(hs[-1]).expand(B, V)  # position p reads the ablated last layer's h
+        h0 = torch.stack(hs)[:, None].expand(2, B, H).contiguous()
+        state = (h0, torch.stack(cs)[:, None].expand(2, B, H).contiguous()) if kind == "lstm" \
+            else h0
+        after = net.head(net.rnn(x[:, P + 1 :], state)[0])  # the module's own forward
+    assert ab.kl_at_p == pytest.approx(float(_kl(clean[:, P], at_p).mean()), rel=1e-4, abs=1e-9)
+    assert ab.kl[0] == pytest.approx(float(_kl(clean[:, P + 1], after[:, 0]).mean()), rel=1e-4,
+                                     abs=1e-9)
+    assert ab.lags == [1, 2, 4, 8, 16] and ab.kl_at_p > 0
+    d = ab.to_dict()
+    assert d["kl"] == ab.kl and d["ablated"] == ab.parts and "half_life" in d
+
+
+def test_state_ablation_half_life_is_the_reachs() -> None:
+    ab = state_ablation(gatelens.Lens(Net("gru")), ids_of(), P)
+    r = ab.reach
+    assert ab.half_life == pytest.approx(r.max_lag * gatelens.half_life(r.kl[-1] / r.kl[0]))
