@@ -141,3 +141,43 @@ def test_state_ablation_half_life_is_the_reachs() -> None:
     ab = state_ablation(gatelens.Lens(Net("gru")), ids_of(), P)
     r = ab.reach
     assert ab.half_life == pytest.approx(r.max_lag * gatelens.half_life(r.kl[-1] / r.kl[0]))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_analyzes_causal_section_is_the_lens_figures(kind) -> None:
+    """report.json's causal.return_cut and causal.state_ablation (the family's own
+    intervene, chunk by chunk) against return_cut and state_ablation (Lens.run) on the
+    same windows and perturbation, and the cut against the report's own forget-only curve."""
+    import jsonschema
+
+    from gatelens.report.json_report import schema
+
+    net, ids = Net(kind, scale=8.0), ids_of()
+    lens = gatelens.Lens(net, vocab=list("abcdefg"))
+    a = lens.analyze(ids, perturb_pos=P, exponents=0, chunk=3).analyses["rnn"]  # 2 chunks
+    rep = a.report
+    jsonschema.validate(rep, schema())
+    cut, ab = rep["causal"]["return_cut"], rep["causal"]["state_ablation"]
+    assert rep["causal"]["note"] is None
+    ref = return_cut(lens, ids, P, perturbed=a.perturbed)
+    assert cut["lags"] == ref.lags == rep["perturbation"]["lags"]
+    for got, want in zip([*cut["layers"], cut["pooled"]], [*ref.layers, ref.pooled],
+                         strict=True):
+        assert got["layer"] == want.layer and got["n"] == want.n
+        assert got["measured"] == pytest.approx(want.measured, rel=1e-5, abs=1e-7)
+        assert got["forget_only"] == pytest.approx(want.forget_only, rel=1e-5, abs=1e-7)
+    assert cut["pooled"]["forget_only"] == pytest.approx(rep["perturbation"]["forget_only"],
+                                                         rel=1e-6, abs=1e-9)
+    assert cut["pooled"]["measured"] == pytest.approx(cut["pooled"]["forget_only"], rel=1e-5,
+                                                      abs=2e-6)
+    assert cut["max_abs_diff"] < 2e-6
+    want = state_ablation(lens, ids, P)
+    assert ab["n"] == B and ab["lags"] == want.lags
+    assert ab["kl_at_p"] == pytest.approx(want.kl_at_p, rel=1e-5)
+    assert ab["kl"] == pytest.approx(want.kl, rel=1e-4, abs=1e-12)
+
+
+def test_analyze_leaves_causal_null_for_a_plain_rnns_cut() -> None:
+    a = gatelens.Lens(Net("rnn")).analyze(ids_of(), perturb_pos=P, exponents=0).analyses["rnn"]
+    causal = a.report["causal"]
+    assert causal["return_cut"] is None and causal["state_ablation"]["lags"] == [1, 2, 4, 8, 16]

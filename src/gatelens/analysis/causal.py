@@ -30,8 +30,9 @@ from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none
 from gatelens.analysis.perturbation import LAGS, decay_rows, decompose, report_lags
-from gatelens.analysis.reach import OutputReach
+from gatelens.analysis.reach import OutputReach, kl_per_position
 from gatelens.cells.names import layer_name
+from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, Readout
 from gatelens.families.edit_plan import EditPlan, StepChange
 from gatelens.readout.trace import assemble
@@ -227,3 +228,41 @@ def ablation_plan(fam: Family, means: dict[str, Tensor], p: int) -> EditPlan:
                                frozenset({p}), True,
                                _held(m))
                     for name, m in means.items())
+
+
+def ablation_rows(fam: Family, runner: Callable[[Tensor], Any], windows: list[Tensor],
+                  plan: EditPlan, p: int) -> list[Tensor]:
+    """KL(p_clean ‖ p_ablated) rows (n, T − p) of each batch of ``windows``: ``runner`` (ids
+    -> what the module received, with the model's logits) run as is and with the module's
+    output replaced by its ``intervene`` under ``plan`` (a forward hook: everything
+    downstream reads the ablated run)."""
+    def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+        call = fam.check(*fam.split_call(args, kwargs))
+        with faithful_matmul(call.inputs.device):
+            return fam.intervene(call, plan, output, 0)[0]
+
+    rows = []
+    for w in windows:
+        clean = runner(w).logits
+        handle = fam.module.register_forward_hook(hook, with_kwargs=True)
+        try:
+            ablated = runner(w).logits
+        finally:
+            handle.remove()
+        rows.append(kl_per_position(clean, ablated)[:, p:])
+    return rows
+
+
+@dataclass
+class CausalMemory:
+    """report.json's ``causal``: the return path cut and the state ablation at the
+    perturbation's position (either None where it does not apply, ``note`` says why)."""
+
+    return_cut: ReturnCut | None
+    state_ablation: StateAblation | None
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"return_cut": None if self.return_cut is None else self.return_cut.to_dict(),
+                "state_ablation": None if self.state_ablation is None else
+                self.state_ablation.to_dict(), "note": self.note}
