@@ -2,20 +2,23 @@
 ablation, on one recurrent module, with the perturbation's and the reach's own curves.
 
 - **Return path cut.** In the perturbed run, every gate and write quantity of the module
-  (``RETURN_PATH``, per cell) takes its clean-run value from p + 1 on: only the carried
+  (its cell spec's ``return_path``) takes its clean-run value from p + 1 on: only the carried
   state differs, δs evolves by the clean keep gates alone, and each layer's measured curve
   of the cut run equals that layer's forget-only curve of the split, to float tolerance.
-- **State ablation at p.** The carried state after step p (every part, ``CARRIED``; every
-  layer) is replaced by its mean per unit over the windows and positions, carried forward;
-  KL(p_clean ‖ p_ablated) of the next-unit distributions by lag from p, with the
-  output-level reach's lags and half-life.
+- **State ablation at p.** The carried state after step p (every part, the spec's
+  ``carried``; every layer) is replaced by its mean per unit over the windows and
+  positions, carried forward; KL(p_clean ‖ p_ablated) of the next-unit distributions by
+  lag from p, with the output-level reach's lags and half-life.
 
 ``gatelens.interventions.causal`` measures both on any model through ``Lens.run``; the
 ``Causal`` measurement of ``analyze`` (analysis/measurements.py) through the family's
 ``intervene``, chunk by chunk, from the rows below.
 
->>> sorted(RETURN_PATH), RETURN_PATH["lstm"]
-(['gru', 'lstm', 'mingru', 'minlstm'], ('i', 'f', 'g', 'o'))
+>>> import torch
+>>> from gatelens.families.registry import family_of
+>>> fam = family_of(torch.nn.LSTM(3, 4))
+>>> cuts(fam), ablates(fam)
+(('i', 'f', 'g', 'o'), ('h', 'c'))
 """
 
 from __future__ import annotations
@@ -38,34 +41,20 @@ from gatelens.families.edit_plan import EditPlan, StepChange
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
 
-#: what a perturbation re-enters the carried state through, per cell (trace letters):
-#: every gate and write quantity of one step. LSTM: i, f, g (c' = f c + i g) and o (h reads
-#: it, and through h the next step's gates, patched too); GRU: r, z and the candidate n;
-#: minGRU / minLSTM: their gates, keep and candidate. A cell not listed is refused: sLSTM's
-#: stabiliser m carries the state into its keep; Mamba's write B u is not a trace signal;
-#: Gated DeltaNet's α, β, k, v and the RWKV families have no ``intervene`` yet.
-RETURN_PATH: dict[str, tuple[str, ...]] = {
-    "lstm": ("i", "f", "g", "o"),
-    "gru": ("r", "z", "n"),
-    "mingru": ("z", "keep", "cand"),
-    "minlstm": ("f", "i", "keep", "cand"),
-}
-
-#: the parts of the carried state each cell hands its next step (what the ablation replaces)
-CARRIED: dict[str, tuple[str, ...]] = {
-    "lstm": ("h", "c"), "gru": ("h",), "rnn_tanh": ("h",), "rnn_relu": ("h",),
-    "mingru": ("h",), "minlstm": ("h",), "slstm": ("h", "c", "n", "m"),
-}
-
 
 def cuts(fam: Family) -> tuple[str, ...] | None:
-    """The letters ``fam``'s return path runs through; None when gatelens cannot cut it."""
-    return None if fam.bidirectional else RETURN_PATH.get(fam.spec.name)
+    """The letters ``fam``'s return path runs through (its cell's ``return_path``: every
+    gate and write quantity of one step); None when gatelens cannot cut it (a cell whose
+    spec names none, a bidirectional module). sLSTM's stabiliser m carries the state into
+    its keep, so patching its gates does not cut it; the state-space and linear-attention
+    families name none until their ``intervene`` exists (their write and transition)."""
+    return None if fam.bidirectional else (fam.spec.return_path or None)
 
 
 def ablates(fam: Family) -> tuple[str, ...] | None:
-    """The carried parts the ablation replaces; None when gatelens cannot ablate them."""
-    return None if fam.bidirectional else CARRIED.get(fam.spec.name)
+    """The carried parts the ablation replaces (the cell's ``carried``); None when gatelens
+    cannot ablate them."""
+    return None if fam.bidirectional else (fam.spec.carried or None)
 
 
 def one_layer(trace: Trace, k: int) -> Trace:

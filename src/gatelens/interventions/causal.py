@@ -13,8 +13,8 @@ ablation, each one or two ``Lens.run`` calls with Patch or Mean edits.
 
 The curves are the perturbation's and the reach's own (``analysis.perturbation``,
 ``analysis.reach``): the same ratios, lags and half-lives; the figures, the letters cut
-per cell (``RETURN_PATH``) and the parts ablated (``CARRIED``) are ``analysis.causal``'s,
-which analyze's ``causal`` section shares.
+and the parts ablated are each cell spec's ``return_path`` and ``carried``; the figures are
+``analysis.causal``'s, which analyze's ``causal`` section shares.
 
 >>> import torch, gatelens
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -34,8 +34,6 @@ import torch
 from torch import Tensor
 
 from gatelens.analysis.causal import (
-    CARRIED,
-    RETURN_PATH,
     ReturnCut,
     StateAblation,
     ablates,
@@ -117,8 +115,8 @@ def return_cut(lens: Lens, ids: Tensor, p: int, *, perturbed: Tensor | None = No
     letters = cuts(fam)
     if letters is None:
         raise GatelensError(f"return_cut: the {fam.spec.name} cell of {path or 'the model'} "
-                            f"({fam.name}) has no return path gatelens can cut; it cuts "
-                            f"{', '.join(RETURN_PATH)} (one direction)")
+                            f"({fam.name}) has no return path gatelens can cut (one "
+                            "direction of a cell whose spec names its return_path)")
     T = int(ids.shape[1])
     _check_position(p, T, "return_cut")
     if perturbed is None:
@@ -150,8 +148,8 @@ def state_ablation(lens: Lens, ids: Tensor, p: int, *, path: str | None = None,
     parts = ablates(fam)
     if parts is None:
         raise GatelensError(f"state_ablation: the {fam.spec.name} cell of {path or 'the model'}"
-                            f" ({fam.name}) has no carried state gatelens ablates; it ablates "
-                            f"{', '.join(CARRIED)} (one direction)")
+                            f" ({fam.name}) has no carried state gatelens ablates (one "
+                            "direction of a cell whose spec names what it carries)")
     T = int(ids.shape[1])
     _check_position(p, T, "state_ablation")
     edits = [Mean(_key(path, k, s), at=p, over=over)
