@@ -64,14 +64,46 @@ def test_the_return_path_cut_is_the_forget_only_curve(kind, scale) -> None:
     assert d["lags"] == cut.lags and len(d["layers"]) == 2 and d["patched"]
 
 
-def test_the_cut_of_gatelens_mingru_and_a_given_perturbation() -> None:
+@pytest.mark.parametrize("cell,letters", [("mingru", ["z", "keep", "cand"]),
+                                          ("minlstm", ["f", "i", "keep", "cand"])])
+def test_the_cut_of_gatelens_cells_and_a_given_perturbation(cell, letters) -> None:
     torch.manual_seed(0)
-    lm = CharLM(vocab_size=V, hidden=H, layers=2, cell="mingru").eval()
+    lm = CharLM(vocab_size=V, hidden=H, layers=2, cell=cell).eval()
     ids = ids_of()
     pert = perturb_windows(ids, P, V, seed=3)
     cut = return_cut(gatelens.Lens(lm), ids, P, perturbed=pert)
     assert cut.max_abs_diff < 2e-6 and cut.max_abs_residual < 2e-6
-    assert cut.gates == ["z", "keep", "cand"]
+    assert cut.gates == letters
+
+
+class Loop(nn.Module):
+    """An nn.LSTMCell stepped in a loop: the cut is Patch edits on its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.cell, self.head = nn.Embedding(V, E), nn.LSTMCell(E, H), nn.Linear(H, V)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = c = torch.zeros(ids.shape[0], H)
+        out = []
+        for t in range(ids.shape[1]):
+            h, c = self.cell(self.embed(ids[:, t]), (h, c))
+            out.append(self.head(h))
+        return torch.stack(out, 1)
+
+
+def test_the_cut_of_a_cell_in_a_loop_and_an_slstms_ablation() -> None:
+    cut = return_cut(gatelens.Lens(Loop()), ids_of(), P)
+    assert cut.max_abs_diff < 2e-6 and cut.max_abs_residual < 2e-6
+    assert cut.layers[0].uncut != pytest.approx(cut.layers[0].forget_only)  # one layer:
+    # the cell's gates read h, so even one layer has a return path for the cut to remove
+    torch.manual_seed(0)
+    lens = gatelens.Lens(CharLM(vocab_size=V, hidden=H, layers=2, cell="slstm").eval())
+    with pytest.raises(GatelensError, match="slstm cell of rnn .* no return path"):
+        return_cut(lens, ids_of(), P)
+    ab = state_ablation(lens, ids_of(), P)
+    assert ab.parts == ["h", "c", "n", "m"] and ab.kl_at_p > 0 and ab.kl[0] > 0
 
 
 def test_cut_and_ablation_refuse_what_they_cannot_do() -> None:

@@ -107,3 +107,22 @@ def test_bad_input_is_one_line() -> None:
         contrastive_vector(lens, ids, [ids.float()], "rnn.layer0.c")
     with pytest.raises(GatelensError, match="no trace key 'h'"):
         contrastive_vector(lens, ids, ids, "h")
+
+
+class Pieces:
+    """A tokenizer of one character a token (encode, decode: what Lens needs)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [CHARS.index(ch) for ch in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join("<" + CHARS[i] + ">" for i in ids)
+
+    def __len__(self) -> int:
+        return V
+
+
+def test_top_tokens_read_the_tokenizer() -> None:
+    lens = gatelens.Lens(Net(), tokenizer=Pieces())
+    s = steer(lens, ids_of(), "rnn.layer1.h", torch.linspace(-2, 2, H), at=3)
+    assert [text for _, text, _ in s.rise] == [f"<{CHARS[i]}>" for i, _, _ in s.rise]
