@@ -213,3 +213,35 @@ def test_analyze_leaves_causal_null_for_a_plain_rnns_cut() -> None:
     a = gatelens.Lens(Net("rnn")).analyze(ids_of(), perturb_pos=P, exponents=0).analyses["rnn"]
     causal = a.report["causal"]
     assert causal["return_cut"] is None and causal["state_ablation"]["lags"] == [1, 2, 4, 8, 16]
+
+
+class PerStep(nn.Module):
+    """An nn.LSTM called one step a call, the state handed back: analyze stitches its calls,
+    and the ablation's hook counts them (call n is position n)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.rnn, self.head = nn.Embedding(V, E), nn.LSTM(E, H, 2), nn.Linear(H, V)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        state, out = None, []
+        for t in range(ids.shape[1]):
+            y, state = self.rnn(self.embed(ids[:, t : t + 1]).transpose(0, 1), state)
+            out.append(self.head(y[0]))
+        return torch.stack(out, 1)
+
+
+def test_analyzes_causal_section_of_a_module_called_one_step_a_call() -> None:
+    lens, ids = gatelens.Lens(PerStep(), vocab=list("abcdefg")), ids_of()
+    a = lens.analyze(ids, perturb_pos=P, exponents=0).analyses["rnn"]
+    causal = a.report["causal"]
+    assert causal["note"] is None
+    ref = return_cut(lens, ids, P, perturbed=a.perturbed)
+    assert causal["return_cut"]["pooled"]["measured"] == pytest.approx(ref.pooled.measured,
+                                                                       rel=1e-5, abs=1e-7)
+    assert ref.max_abs_diff < 2e-6
+    want = state_ablation(lens, ids, P)
+    assert want.kl_at_p > 0 and want.kl[0] > 0
+    assert causal["state_ablation"]["kl_at_p"] == pytest.approx(want.kl_at_p, rel=1e-5)
+    assert causal["state_ablation"]["kl"] == pytest.approx(want.kl, rel=1e-4, abs=1e-12)

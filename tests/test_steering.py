@@ -97,8 +97,10 @@ def test_bad_input_is_one_line() -> None:
     lens, ids = gatelens.Lens(Net()), ids_of()
     with pytest.raises(GatelensError, match="no trace key 'rnn.layer0.x'"):
         steer(lens, ids, "rnn.layer0.x", torch.zeros(H), at=2)
-    with pytest.raises(GatelensError, match=r"vector must be a tensor of shape \(8,\)"):
+    with pytest.raises(GatelensError, match=r"vector must be a float tensor of shape \(8,\)"):
         steer(lens, ids, "rnn.layer0.c", torch.zeros(3), at=2)
+    with pytest.raises(GatelensError, match=r"got torch.int64 \(8,\)"):
+        steer(lens, ids, "rnn.layer0.c", torch.zeros(H, dtype=torch.long), at=2)
     with pytest.raises(GatelensError, match="at must be a position in 0..15"):
         steer(lens, ids, "rnn.layer0.c", torch.zeros(H), at=T)
     with pytest.raises(GatelensError, match="NaN or infinity"):

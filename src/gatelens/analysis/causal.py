@@ -224,15 +224,22 @@ def ablation_rows(fam: Family, runner: Callable[[Tensor], Any], windows: list[Te
     """KL(p_clean ‖ p_ablated) rows (n, T − p) of each batch of ``windows``: ``runner`` (ids
     -> what the module received, with the model's logits) run as is and with the module's
     output replaced by its ``intervene`` under ``plan`` (a forward hook: everything
-    downstream reads the ablated run)."""
+    downstream reads the ablated run). A module called one step at a time has its calls
+    counted: call n is position n, and the state it hands back carries the edit on."""
+    steps = [0]
+
     def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
-        call = fam.check(*fam.split_call(args, kwargs))
+        inputs, state = fam.split_call(args, kwargs)
+        offset = steps[0] if fam.step_call(inputs) else 0
+        steps[0] += fam.step_call(inputs)
+        call = fam.check(inputs, state)
         with faithful_matmul(call.inputs.device):
-            return fam.intervene(call, plan, output, 0)[0]
+            return fam.intervene(call, plan, output, offset)[0]
 
     rows = []
     for w in windows:
         clean = runner(w).logits
+        steps[0] = 0
         handle = fam.module.register_forward_hook(hook, with_kwargs=True)
         try:
             ablated = runner(w).logits

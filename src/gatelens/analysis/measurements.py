@@ -302,7 +302,7 @@ class Causal(Accumulator):
                     name = f"{layer_name(k)}.{s}"
                     v = chunk.trace[name].double().sum(dim=(0, 1))  # (W,)
                     self.sums[name] = v if name not in self.sums else self.sums[name] + v
-            self.count += chunk.trace[name].shape[0] * chunk.trace[name].shape[1]
+            self.count += len(chunk.windows) * self.setup.length
             if chunk.memory and chunk.reach_note is None:
                 self.kept.append(chunk.windows[: chunk.memory])
 

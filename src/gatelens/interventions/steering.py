@@ -81,14 +81,13 @@ def _logits(lens: Lens, res, ids: Tensor, where: str) -> Tensor:
     return out
 
 
-def _width(lens: Lens, ids: Tensor, name: str, where: str) -> int:
-    """The width of trace key ``name`` (its last axis), checked on a clean run."""
-    trace = lens.run(ids).trace
-    keys = list(trace)
+def _width(res, name: str, where: str) -> int:
+    """The width of trace key ``name`` (its last axis) in a run's trace."""
+    keys = list(res.trace)
     if not isinstance(name, str) or name not in keys:
         raise GatelensError(f"{where}: no trace key {name!r}; the model's keys are "
                             f"{', '.join(keys)}")
-    return int(trace[name].shape[-1])
+    return int(res.trace[name].shape[-1])
 
 
 def steer(lens: Lens, ids: Tensor, name: str, vector: Tensor, at: int,
@@ -107,15 +106,18 @@ def steer(lens: Lens, ids: Tensor, name: str, vector: Tensor, at: int,
         raise GatelensError(f"{where}: scale must be a number; got {type(scale).__name__}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise GatelensError(f"{where}: top must be a positive int; got {top!r}")
-    U = _width(lens, ids, name, where)
-    if not isinstance(vector, Tensor) or tuple(vector.shape) != (U,):
-        raise GatelensError(f"{where}: vector must be a tensor of shape ({U},), the width of "
-                            f"{name}; got {tuple(getattr(vector, 'shape', ()))}"
-                            f"{'' if isinstance(vector, Tensor) else type(vector).__name__}")
+    plain = lens.run(ids)
+    U = _width(plain, name, where)
+    if not isinstance(vector, Tensor) or tuple(vector.shape) != (U,) \
+            or not vector.is_floating_point():
+        got = (f"{vector.dtype} {tuple(vector.shape)}" if isinstance(vector, Tensor)
+               else type(vector).__name__)
+        raise GatelensError(f"{where}: vector must be a float tensor of shape ({U},), the "
+                            f"width of {name}; got {got}")
     if not bool(torch.isfinite(vector).all()):
         raise GatelensError(f"{where}: vector holds a NaN or infinity")
-    clean = _logits(lens, lens.run(ids), ids, where)
-    res = lens.run(ids, edits=[Add(name, float(scale) * vector.detach().float(), at=at)])
+    clean = _logits(lens, plain, ids, where)
+    res = lens.run(ids, edits=[Add(name, float(scale) * vector.detach().double(), at=at)])
     steered = _logits(lens, res, ids, where)
     kl = kl_per_position(clean, steered)[:, at:].mean(dim=0)  # (T − t,)
     p, q = (torch.softmax(x[:, at].double(), dim=-1).mean(dim=0) for x in (clean, steered))
