@@ -119,6 +119,11 @@ def test_cut_and_ablation_refuse_what_they_cannot_do() -> None:
         return_cut(lens, ids, P, perturbed=ids[:, :5])
     with pytest.raises(GatelensError, match="path='nope' is not a recurrent module"):
         state_ablation(lens, ids, P, path="nope")
+    with pytest.raises(GatelensError, match=r"over must be ids \(B', T'\) with T' > 8"):
+        state_ablation(lens, ids, P, over=ids[:, :P])
+    # the mean from other windows is another ablation; from the same windows, the same
+    assert state_ablation(lens, ids, P, over=ids_of(5)).kl != state_ablation(lens, ids, P).kl
+    assert state_ablation(lens, ids, P, over=ids.clone()).kl == state_ablation(lens, ids, P).kl
 
 
 def _kl(p_logits: Tensor, q_logits: Tensor) -> Tensor:
@@ -137,7 +142,7 @@ def test_state_ablation_at_lag_0_and_1_by_hand(kind, scale) -> None:
         x = net.embed(ids)
         y, _ = net.rnn(x)
         clean = net.head(y)
-        # every part of every layer: its mean per unit over windows and positions
+        # every part of every layer: its mean per unit over the windows at p
         hs, cs = [], []
         inp = x
         for k in range(2):
@@ -145,7 +150,7 @@ def test_state_ablation_at_lag_0_and_1_by_hand(kind, scale) -> None:
             layer.load_state_dict({n.replace(f"_l{k}", "_l0"): p
                                    for n, p in net.rnn.state_dict().items() if f"_l{k}" in n})
             out = layer(inp)[0]
-            hs.append(out.double().mean((0, 1)).float())
+            hs.append(out[:, P].double().mean(0).float())
             if kind == "lstm":  # c of layer k, from its own cell run one step at a time
                 cell = nn.LSTMCell(layer.input_size, H)
                 cell.load_state_dict({n[:-3]: p for n, p in layer.state_dict().items()})
@@ -154,7 +159,7 @@ def test_state_ablation_at_lag_0_and_1_by_hand(kind, scale) -> None:
                 for t in range(T):
                     h, c = cell(inp[:, t], (h, c))
                     c_all.append(c)
-                cs.append(torch.stack(c_all, 1).double().mean((0, 1)).float())
+                cs.append(c_all[P].double().mean(0).float())
             inp = out
         at_p = net.head(hs[-1]).expand(B, V)  # position p reads the ablated last layer's h
         h0 = torch.stack(hs)[:, None].expand(2, B, H).contiguous()

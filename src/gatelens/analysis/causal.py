@@ -6,8 +6,8 @@ ablation, on one recurrent module, with the perturbation's and the reach's own c
   state differs, δs evolves by the clean keep gates alone, and each layer's measured curve
   of the cut run equals that layer's forget-only curve of the split, to float tolerance.
 - **State ablation at p.** The carried state after step p (every part, the spec's
-  ``carried``; every layer) is replaced by its mean per unit over the windows and
-  positions, carried forward; KL(p_clean ‖ p_ablated) of the next-unit distributions by
+  ``carried``; every layer) is replaced by its mean per unit over the windows (at p),
+  carried forward; KL(p_clean ‖ p_ablated) of the next-unit distributions by
   lag from p, with the output-level reach's lags and half-life.
 
 ``gatelens.interventions.causal`` measures both on any model through ``Lens.run``; the

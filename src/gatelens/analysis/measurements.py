@@ -266,8 +266,8 @@ class Reach(Accumulator):
 
 class Causal(Accumulator):
     """The causal memory at the perturbation's position: the return path cut on every
-    window, the state ablation on the first ``memory_windows`` (their mean state is every
-    window's, so the ablation runs once all chunks are in)."""
+    window, the state ablation on the first ``memory_windows`` (the mean state at p is
+    every window's, so the ablation runs once all chunks are in)."""
 
     stage, report = "analyses", ("causal",)
 
@@ -300,9 +300,9 @@ class Causal(Accumulator):
             for k in range(fam.num_layers):
                 for s in self.parts:
                     name = f"{layer_name(k)}.{s}"
-                    v = chunk.trace[name].double().sum(dim=(0, 1))  # (W,)
+                    v = chunk.trace[name][:, p].double().sum(dim=0)  # (W,): at p
                     self.sums[name] = v if name not in self.sums else self.sums[name] + v
-            self.count += len(chunk.windows) * self.setup.length
+            self.count += len(chunk.windows)
             if chunk.memory and chunk.reach_note is None:
                 self.kept.append(chunk.windows[: chunk.memory])
 

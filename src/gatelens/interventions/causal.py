@@ -1,20 +1,20 @@
 """Causal memory (docs/methods.md "Interventions"): the return path cut and the state
-ablation, each one or two ``Lens.run`` calls with Patch or Mean edits.
+ablation, each a few ``Lens.run`` calls with Patch or Set edits.
 
 - **Return path cut.** Change the unit at p (as the perturbation decay does), and in that
-  perturbed run patch every gate and write quantity of the module (``RETURN_PATH``) to its
-  clean-run value from p + 1 on. Only the carried state then differs, and δs evolves by the
-  clean keep gates alone: each layer's measured curve of the cut run equals that layer's
-  forget-only curve of the perturbation split, to float tolerance. A causal check of the
-  decomposition.
-- **State ablation at p.** The carried state after step p (every part of it, every layer)
-  is mean-ablated, carried forward; KL(p_clean ‖ p_ablated) of the next-unit distributions
-  by lag from p, and its half-life as for the output-level reach.
+  perturbed run patch every gate and write quantity of the module (its cell spec's
+  ``return_path``) to its clean-run value from p + 1 on. Only the carried state then
+  differs, and δs evolves by the clean keep gates alone: each layer's measured curve of
+  the cut run equals that layer's forget-only curve of the perturbation split, to float
+  tolerance. A causal check of the decomposition.
+- **State ablation at p.** The carried state after step p (every part of it, the spec's
+  ``carried``; every layer) is replaced by its mean per unit over the windows, carried
+  forward; KL(p_clean ‖ p_ablated) of the next-unit distributions by lag from p, and its
+  half-life as for the output-level reach.
 
 The curves are the perturbation's and the reach's own (``analysis.perturbation``,
-``analysis.reach``): the same ratios, lags and half-lives; the figures, the letters cut
-and the parts ablated are each cell spec's ``return_path`` and ``carried``; the figures are
-``analysis.causal``'s, which analyze's ``causal`` section shares.
+``analysis.reach``): the same ratios, lags and half-lives, through ``analysis.causal``,
+which analyze's ``causal`` section shares.
 
 >>> import torch, gatelens
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -45,7 +45,7 @@ from gatelens.analysis.perturbation import LAGS, perturb_windows
 from gatelens.analysis.reach import kl_per_position, reach_from_rows
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
-from gatelens.interventions.edits import Mean, Patch
+from gatelens.interventions.edits import Patch, Set
 from gatelens.readout.trace_types import Trace
 
 if TYPE_CHECKING:
@@ -135,8 +135,9 @@ def return_cut(lens: Lens, ids: Tensor, p: int, *, perturbed: Tensor | None = No
 def state_ablation(lens: Lens, ids: Tensor, p: int, *, path: str | None = None,
                    over: Tensor | None = None, lags: tuple[int, ...] = LAGS) -> StateAblation:
     """Mean-ablate every part of the carried state of every layer of the module at
-    ``path`` after step p (the mean per unit over the windows and positions of ``over``;
-    default ids), carried forward, and measure KL of the next-unit distributions by lag."""
+    ``path`` after step p (replaced by its mean per unit over the windows of ``over`` at
+    position p, default ids: a ``Set`` edit at p, carried forward), and measure KL of the
+    next-unit distributions by lag."""
     from gatelens.lens.lens import output_logits
 
     ids = lens.windows(ids, 1, 1)[0] if isinstance(ids, Tensor) else ids
@@ -152,9 +153,15 @@ def state_ablation(lens: Lens, ids: Tensor, p: int, *, path: str | None = None,
                             "direction of a cell whose spec names what it carries)")
     T = int(ids.shape[1])
     _check_position(p, T, "state_ablation")
-    edits = [Mean(_key(path, k, s), at=p, over=over)
-             for k in range(fam.num_layers) for s in parts]
-    clean, ablated = (output_logits(lens.run(ids, edits=e).output) for e in ([], edits))
+    plain = lens.run(ids)
+    if over is not None:
+        if not isinstance(over, Tensor) or over.ndim != 2 or over.shape[1] <= p:
+            raise GatelensError(f"state_ablation: over must be ids (B', T') with T' > {p}; "
+                                f"got {tuple(getattr(over, 'shape', ())) or type(over).__name__}")
+    source = plain if over is None else lens.run(over)
+    keys = [_key(path, k, s) for k in range(fam.num_layers) for s in parts]
+    edits = [Set(key, source.trace[key][:, p].double().mean(0), at=p) for key in keys]
+    clean, ablated = (output_logits(r.output) for r in (plain, lens.run(ids, edits=edits)))
     if clean is None or clean.ndim != 3 or clean.shape[:2] != ids.shape:
         raise GatelensError(f"state_ablation: {type(lens.model).__name__}'s output is not "
                             f"next-unit logits (B, T, V) on ids {tuple(ids.shape)}")
