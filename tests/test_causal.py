@@ -214,6 +214,20 @@ def test_analyzes_causal_section_is_the_lens_figures(kind) -> None:
     assert ab["kl"] == pytest.approx(want.kl, rel=1e-4, abs=1e-12)
 
 
+def test_analyze_goes_on_when_the_family_refuses_the_edit(monkeypatch) -> None:
+    lens = gatelens.Lens(Net("gru"))
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no step\n here")
+
+    monkeypatch.setattr(type(lens.families["rnn"]), "intervene", refuse)
+    a = lens.analyze(ids_of(), perturb_pos=P, exponents=0).analyses["rnn"]
+    causal = a.report["causal"]
+    assert causal == {"return_cut": None, "state_ablation": None,
+                      "note": "RuntimeError: no step here"}
+    assert a.report["perturbation"]["forget_only"]  # the rest of the analysis stands
+
+
 def test_analyze_leaves_causal_null_for_a_plain_rnns_cut() -> None:
     a = gatelens.Lens(Net("rnn")).analyze(ids_of(), perturb_pos=P, exponents=0).analyses["rnn"]
     causal = a.report["causal"]

@@ -36,10 +36,25 @@ from gatelens.analysis.perturbation import LAGS, decay_rows, decompose, report_l
 from gatelens.analysis.reach import OutputReach, kl_per_position
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul
+from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Readout
 from gatelens.families.edit_plan import EditPlan, StepChange
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
+
+#: what an intervention on a module that cannot take one raises: analyze goes on, and its
+#: ``causal`` note says why
+REFUSED = (GatelensError, TypeError, ValueError, RuntimeError, NotImplementedError)
+
+
+def why(e: Exception) -> str:
+    """An exception as the one line a note holds.
+
+    >>> why(ValueError("bad   layout"))
+    'ValueError: bad layout'
+    """
+    text = " ".join(str(e).split())[:200]
+    return text if isinstance(e, GatelensError) else f"{type(e).__name__}: {text}"
 
 
 def cuts(fam: Family) -> tuple[str, ...] | None:

@@ -27,6 +27,7 @@ import torch
 
 from gatelens.analysis import decompose
 from gatelens.analysis.causal import (
+    REFUSED,
     CausalMemory,
     StateAblation,
     ablates,
@@ -36,6 +37,7 @@ from gatelens.analysis.causal import (
     cut_rows,
     cut_trace,
     cuts,
+    why,
 )
 from gatelens.analysis.chunk import Chunk, Setup, head
 from gatelens.analysis.context import ContextAccumulator
@@ -54,7 +56,6 @@ from gatelens.analysis.spectrum import SpectrumAccumulator
 from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul
-from gatelens.errors import GatelensError
 from gatelens.readout.merge import merge_results
 from gatelens.readout.verify import VerifyResult, verify_call
 
@@ -292,8 +293,8 @@ class Causal(Accumulator):
             try:
                 with torch.no_grad(), faithful_matmul(chunk.call.inputs.device):
                     cut = cut_trace(fam, fam.check(cap.inputs, cap.state), chunk.trace, p)
-            except GatelensError as e:
-                self.note = str(e)
+            except REFUSED as e:
+                self.note = why(e)
             else:
                 self.rows.append(cut_rows(chunk.trace, chunk.trace_perturbed, cut, p))
         if self.parts:
@@ -320,8 +321,8 @@ class Causal(Accumulator):
             else None
         try:
             ablation = self._ablation()
-        except GatelensError as e:
-            self.note, ablation = self.note or str(e), None
+        except REFUSED as e:
+            self.note, ablation = self.note or why(e), None
         return {"causal": CausalMemory(cut, ablation, self.note)}
 
 
