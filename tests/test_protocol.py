@@ -90,7 +90,7 @@ def test_every_field_is_one_measurements() -> None:
     # the fields are the measurements' results, no more and no less
     filled = {"verification", "gates", "units", "perturbation", "decomposition",
               "char_classes", "divergence", "reach", "reach_note", "baseline", "lyapunov",
-              "fixed_points", "context", "saturation"}
+              "fixed_points", "context", "saturation", "causal"}
     assert fields == filled
 
 

@@ -37,6 +37,11 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "Scale": "gatelens.interventions.edits", "Zero": "gatelens.interventions.edits",
          "Mean": "gatelens.interventions.edits", "Patch": "gatelens.interventions.edits",
          "RunResult": "gatelens.interventions.run",
+         # causal memory and steering (docs/interventions.md)
+         "return_cut": "gatelens.interventions.causal",
+         "state_ablation": "gatelens.interventions.causal",
+         "steer": "gatelens.interventions.steering",
+         "contrastive_vector": "gatelens.interventions.steering",
          "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
@@ -49,7 +54,8 @@ __all__ = ["Add", "Analysis", "CellCache", "HFModel", "Lens", "LensResult", "Mea
            "families", "fixed_points", "gate_names", "half_life", "load_hf", "load_run",
            "measure", "open_cells",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
-           "trace_chunked", "verify", "__version__"]
+           "trace_chunked", "verify", "__version__",
+           "contrastive_vector", "return_cut", "state_ablation", "steer"]
 
 
 def __getattr__(name: str) -> Any:

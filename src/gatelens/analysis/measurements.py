@@ -23,8 +23,22 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import torch
 
 from gatelens.analysis import decompose
+from gatelens.analysis.causal import (
+    REFUSED,
+    CausalMemory,
+    StateAblation,
+    ablates,
+    ablation_plan,
+    ablation_rows,
+    cut_from_rows,
+    cut_rows,
+    cut_trace,
+    cuts,
+    why,
+)
 from gatelens.analysis.chunk import Chunk, Setup, head
 from gatelens.analysis.context import ContextAccumulator
 from gatelens.analysis.divergence import (
@@ -40,6 +54,8 @@ from gatelens.analysis.result import Baseline
 from gatelens.analysis.saturation import SaturationAccumulator
 from gatelens.analysis.spectrum import SpectrumAccumulator
 from gatelens.analysis.stream import ClassStats, GateStats, UnitStats
+from gatelens.cells.names import layer_name
+from gatelens.cells.numerics import faithful_matmul
 from gatelens.readout.merge import merge_results
 from gatelens.readout.verify import VerifyResult, verify_call
 
@@ -249,6 +265,67 @@ class Reach(Accumulator):
                 "reach_note": self.note}
 
 
+class Causal(Accumulator):
+    """The causal memory at the perturbation's position: the return path cut on every
+    window, the state ablation on the first ``memory_windows`` (the mean state at p is
+    every window's, so the ablation runs once all chunks are in)."""
+
+    stage, report = "analyses", ("causal",)
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.rows, self.note = setup, [], None
+        self.letters, self.parts = cuts(setup.fam), ablates(setup.fam)
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count, self.kept = 0, []
+
+    @classmethod
+    def build(cls, setup: Setup) -> Causal | None:
+        fam = setup.fam
+        return None if fam.stepped or (cuts(fam) is None and ablates(fam) is None) else cls(setup)
+
+    def update(self, chunk: Chunk) -> None:
+        fam, p = self.setup.fam, self.setup.settings.perturb_pos
+        if chunk.call.layout.get("packed") is not None:
+            self.note = "a packed input is not intervened on"
+            return
+        if self.letters and self.note is None:
+            cap = chunk.captured_perturbed
+            try:
+                with torch.no_grad(), faithful_matmul(chunk.call.inputs.device):
+                    cut = cut_trace(fam, fam.check(cap.inputs, cap.state), chunk.trace, p)
+            except REFUSED as e:
+                self.note = why(e)
+            else:
+                self.rows.append(cut_rows(chunk.trace, chunk.trace_perturbed, cut, p))
+        if self.parts:
+            for k in range(fam.num_layers):
+                for s in self.parts:
+                    name = f"{layer_name(k)}.{s}"
+                    v = chunk.trace[name][:, p].double().sum(dim=0)  # (W,): at p
+                    self.sums[name] = v if name not in self.sums else self.sums[name] + v
+            self.count += len(chunk.windows)
+            if chunk.memory and chunk.reach_note is None:
+                self.kept.append(chunk.windows[: chunk.memory])
+
+    def _ablation(self) -> StateAblation | None:
+        if not self.kept or self.note is not None:
+            return None
+        fam, p = self.setup.fam, self.setup.settings.perturb_pos
+        plan = ablation_plan(fam, {n: v / self.count for n, v in self.sums.items()}, p)
+        rows = ablation_rows(fam, self.setup.runner, self.kept, plan, p)
+        return StateAblation(p, list(self.parts), reach_from_rows(rows, p, self.setup.length))
+
+    def result(self, found: dict) -> dict:
+        p, T = self.setup.settings.perturb_pos, self.setup.length
+        cut = cut_from_rows(self.rows, p, T, self.letters) if self.rows and self.note is None \
+            else None
+        try:
+            ablation = self._ablation()
+        except REFUSED as e:
+            self.note, ablation = self.note or why(e), None
+        return {"causal": CausalMemory(cut, ablation, self.note)}
+
+
 class Saturation(Accumulator):
     """Gate saturation: how often each gate sits near its bounds."""
 
@@ -292,8 +369,8 @@ class Untrained(Accumulator):
 
 #: every measurement, in the order each chunk is handed to them
 MEASUREMENTS: tuple[type, ...] = (Divergence, Verification, Spectrum, FixedPointSearch, Context,
-                                  Gates, Units, Classes, Perturbation, Reach, Saturation,
-                                  Untrained)
+                                  Gates, Units, Classes, Perturbation, Reach, Causal,
+                                  Saturation, Untrained)
 
 
 def with_regime(ver: VerifyResult, div: DivergenceRate | None) -> VerifyResult:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
+from gatelens.analysis.causal import CausalMemory
 from gatelens.analysis.classes import CharClasses
 from gatelens.analysis.context import ContextUsed
 from gatelens.analysis.divergence import DivergenceRate
@@ -91,6 +92,7 @@ class Analysis:
     fixed_points: FixedPoints | None = None  # None: not asked (fixed_points=False)
     context: ContextUsed | None = None  # None: the model gives no per-step logits
     saturation: GateSaturation | None = None
+    causal: CausalMemory | None = None  # None: the family is neither cut nor ablated
     history: dict | None = None  # validation loss over training (runs only)
     control: dict | None = None  # a synthetic corpus's memoryless and best losses (runs only)
     best_step: int | None = None

@@ -30,7 +30,7 @@ GRU = CellSpec(
     name="gru", kind="gru", mode="GRU", chunks=("r", "z", "n"),
     signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
     state="h", candidate="n", bounds={"r": SIGMOID, "z": SIGMOID, "n": TANH},
-    display=GRU_NAMES)
+    display=GRU_NAMES, return_path=("r", "z", "n"), carried=("h",))
 
 
 def recurrent_projection(h: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor | None,

@@ -42,7 +42,8 @@ LSTM = CellSpec(
     name="lstm", kind="lstm", mode="LSTM", chunks=("i", "f", "g", "o"),
     signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
     keep_gate="f", input_gate="i", state="c",
-    bounds={"i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "g": TANH}, display=LSTM_NAMES)
+    bounds={"i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "g": TANH}, display=LSTM_NAMES,
+    return_path=("i", "f", "g", "o"), carried=("h", "c"))
 
 
 def one_hot_ids(x: Tensor) -> Tensor | None:

@@ -35,12 +35,14 @@ MINGRU = CellSpec(
     name="mingru", kind="mingru", chunks=("z", "cand"),
     signals=("z", "cand", "keep", "h", "y"), gates=("z", "keep"), keep_gate="keep",
     input_gate=None, state="h", candidate="cand", bounds={"z": SIGMOID, "keep": SIGMOID},
-    display={"keep": "keep (the state's retention)", "cand": "candidate h̃"})
+    display={"keep": "keep (the state's retention)", "cand": "candidate h̃"},
+    return_path=("z", "keep", "cand"), carried=("h",))
 MINLSTM = CellSpec(
     name="minlstm", kind="minlstm", chunks=("f", "i", "cand"),
     signals=("f", "i", "cand", "keep", "h", "y"), gates=("f", "i", "keep"),
     keep_gate="keep", input_gate="i", state="h", candidate="cand",
-    bounds={"f": SIGMOID, "i": SIGMOID, "keep": SIGMOID}, display={"cand": "candidate h̃"})
+    bounds={"f": SIGMOID, "i": SIGMOID, "keep": SIGMOID}, display={"cand": "candidate h̃"},
+    return_path=("f", "i", "keep", "cand"), carried=("h",))
 SLSTM_SPEC = CellSpec(
     name="slstm", kind="slstm", chunks=("z", "i", "f", "o"),
     signals=("z", "i", "f", "o", "c", "n", "m", "kappa", "s", "h", "y"),
@@ -48,7 +50,7 @@ SLSTM_SPEC = CellSpec(
     candidate="z",
     bounds={"z": TANH, "i": SIGMOID, "f": SIGMOID, "o": SIGMOID, "kappa": SIGMOID,
             "s": TANH, "h": TANH},
-    display={"kappa": "keep κ = f n / n'", "s": "state c/n"})
+    display={"kappa": "keep κ = f n / n'", "s": "state c/n"}, carried=("h", "c", "n", "m"))
 
 
 @torch.no_grad()

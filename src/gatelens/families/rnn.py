@@ -18,10 +18,10 @@ from gatelens.families.torch_train import torch_recipe
 
 RNN_TANH = CellSpec(
     name="rnn_tanh", kind="rnn", mode="RNN_TANH", chunks=("pre",), signals=("pre", "h"),
-    gates=(), keep_gate=None, input_gate=None, state="h", bounds={"h": TANH})
+    gates=(), keep_gate=None, input_gate=None, state="h", bounds={"h": TANH}, carried=("h",))
 RNN_RELU = CellSpec(
     name="rnn_relu", kind="rnn", mode="RNN_RELU", chunks=("pre",), signals=("pre", "h"),
-    gates=(), keep_gate=None, input_gate=None, state="h")
+    gates=(), keep_gate=None, input_gate=None, state="h", carried=("h",))
 
 
 class RNNFamily(TorchFamilyNoCell):

@@ -54,6 +54,11 @@ class CellSpec:
             -> A_t(s), ``signals`` one layer's letters at one step (N, ·) and ``s`` (N, S)
             that layer's state; the perturbation split's forget path applies it. None: the
             keep gate scales each coordinate of s.
+        return_path: the letters a perturbation re-enters the carried state through, every
+            gate and write quantity of one step (LSTM i, f, g, o): what the return path cut
+            patches to its clean value (docs/interventions.md); () where it cannot be cut.
+        carried: the parts of the carried state one step hands the next (LSTM h, c): what
+            the state ablation replaces; () where it cannot be ablated.
     """
 
     name: str
@@ -70,10 +75,13 @@ class CellSpec:
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     display: dict[str, str] = field(default_factory=dict)
     keep_operator: Callable[[dict[str, Tensor], Tensor], Tensor] | None = None
+    return_path: tuple[str, ...] = ()
+    carried: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for what, letters in (("gates", self.gates), ("state", (self.state,)),
-                              ("output", (self.output,)),
+                              ("output", (self.output,)), ("return_path", self.return_path),
+                              ("carried", self.carried),
                               ("keep_gate", (self.keep_gate,) if self.keep_gate else ())):
             missing = [x for x in letters if x not in self.signals]
             if missing:

@@ -26,6 +26,7 @@ from gatelens.io import atomic_write_json
 from gatelens.report.words import report_in_unit, unit_of
 
 if TYPE_CHECKING:
+    from gatelens.analysis.causal import CausalMemory
     from gatelens.analysis.measure import Analysis
     from gatelens.analysis.saturation import GateSaturation
 
@@ -180,6 +181,7 @@ def build_report(a: Analysis) -> dict:
             **a.context.to_dict(), "windows": a.text.get("memory_windows"),
             "description": a.context.describe()},
         "saturation": saturation_dict(a.saturation, arrays),
+        "causal": causal_dict(getattr(a, "causal", None)),
         "arrays": {"file": ARRAYS, "keys": sorted(arrays)} if arrays else None,
     }
     report = report_in_unit(report, unit_of(report))  # gatelens's sentences, in the unit
@@ -190,6 +192,11 @@ def build_report(a: Analysis) -> dict:
                   "states or weights are not finite on this text) are null here"}
     check_report(report)
     return report
+
+
+def causal_dict(causal: CausalMemory | None) -> dict | None:
+    """report.json's ``causal`` (null: the module's family is neither cut nor ablated)."""
+    return None if causal is None else causal.to_dict()
 
 
 def sanitize(node: object, path: str = "") -> list[str]:
