@@ -80,7 +80,8 @@ def test_config_json_as_written_loads(seed_run):
     (["a", "b", 5], "Lens(vocab=...): entry 2 is 5, not a single character"),
     (["a", "b", "a"], "Lens(vocab=...): character 'a' appears twice (entries 0 and 2)"),
     (["a", ""], "Lens(vocab=...): entry 1 is '', not a single character"),
-    ("abc", "Lens(vocab=...) takes a list of characters or their number; got str"),
+    ("abca", "Lens(vocab=...): character 'a' appears twice (entries 0 and 3)"),
+    ({"a": 0}, "Lens(vocab=...) takes a list of characters or their number; got dict"),
 ])
 def test_lens_vocabulary_is_the_cli_rule(vocab, says):
     lstm = torch.nn.LSTM(3, 4, batch_first=True)

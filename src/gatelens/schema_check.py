@@ -17,12 +17,13 @@ gatelens.errors.GatelensError: run/config.json: "train.seed" must be an integer,
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from gatelens.errors import GatelensError
 
-__all__ = ["Kind", "check_chars", "check_fields", "describe", "is_kind"]
+__all__ = ["PLACEHOLDER", "Kind", "check_chars", "check_fields", "describe", "is_kind"]
 
 #: a field's kind: a name below, None (null allowed), or a tuple of allowed strings
 Kind = str | None | tuple[str, ...]
@@ -87,9 +88,15 @@ def check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[Kind, ...]]
                                 f"{_shown(data[key])}")
 
 
-def check_chars(chars: object, where: str) -> list[str]:
+#: gatelens's own names for rows no character names (``<unused 10>``, ``<7>``)
+PLACEHOLDER = re.compile(r"<(unused )?\d+>")
+
+
+def check_chars(chars: object, where: str, placeholders: bool = False) -> list[str]:
     """A character vocabulary (index order): a non-empty list of distinct single
-    characters. The one rule of ``Lens(vocab=)``, ``--vocab`` files and config.json.
+    characters. The one rule of ``Lens(vocab=)``, ``--vocab`` files and config.json;
+    ``placeholders`` also lets gatelens's names of unnamed rows through (``<unused 10>``:
+    a weights file's rows its vocabulary does not name).
 
     >>> check_chars(["a", "b"], "vocab")
     ['a', 'b']
@@ -103,7 +110,8 @@ def check_chars(chars: object, where: str) -> list[str]:
                             f"{_shown(chars)}")
     seen: dict[str, int] = {}
     for i, c in enumerate(chars):
-        if not isinstance(c, str) or len(c) != 1:
+        if not isinstance(c, str) or (len(c) != 1 and not (
+                placeholders and PLACEHOLDER.fullmatch(c))):
             raise GatelensError(f"{where}: entry {i} is {_shown(c)}, not a single character")
         if c in seen:
             raise GatelensError(f"{where}: character {c!r} appears twice (entries {seen[c]} "

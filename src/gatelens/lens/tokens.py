@@ -23,7 +23,7 @@ from typing import Any
 
 from gatelens.errors import GatelensError
 from gatelens.report.words import UNITS
-from gatelens.schema_check import check_chars
+from gatelens.schema_check import PLACEHOLDER, check_chars
 
 WORD_START = ("Ġ", "▁")  # GPT-2's byte-level BPE and SentencePiece mark a leading space so
 
@@ -104,11 +104,13 @@ def pieces(tokenizer: Any, occurring: Iterable[int], size: int) -> list[str]:
 def vocab_list(vocab: object, unit: str) -> list[str]:
     """``Lens(vocab=)`` as a list: in characters the one rule of ``--vocab`` files and
     config.json (``check_chars``); in tokens or bytes, a list of strings (a token's text)."""
+    if isinstance(vocab, str) and unit == "characters":  # "abc": its characters
+        vocab = list(vocab)
     if isinstance(vocab, bool) or not isinstance(vocab, Sequence) or isinstance(vocab, str):
         raise GatelensError(f"Lens(vocab=...) takes a list of {unit} or their number; got "
                             f"{type(vocab).__name__}")
     if unit == "characters":
-        return check_chars(list(vocab), "Lens(vocab=...)")
+        return check_chars(list(vocab), "Lens(vocab=...)", placeholders=True)
     bad = next((i for i, v in enumerate(vocab) if not isinstance(v, str) or not v), None)
     if bad is not None:
         raise GatelensError(f"Lens(vocab=...): entry {bad} is {vocab[bad]!r}, not a "
@@ -122,6 +124,9 @@ def names_tokens(vocab: object) -> bool:
 
     >>> names_tokens(["a", "b"]), names_tokens(["the", " cat"]), names_tokens(12)
     (False, True, False)
+    >>> names_tokens(["a", "<unused 1>"])  # gatelens's name of a row no character names
+    False
     """
     return (isinstance(vocab, Sequence) and not isinstance(vocab, str)
-            and any(isinstance(v, str) and len(v) > 1 for v in vocab))
+            and any(isinstance(v, str) and len(v) > 1 and not PLACEHOLDER.fullmatch(v)
+                    for v in vocab))
