@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from gatelens.analysis.units import HALF_LIFE_LONG
+from gatelens.report.markdown_causal import causal_lines
 from gatelens.report.tables import (
     GATE_NAMES,
     Table,
@@ -229,6 +230,7 @@ def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
               "## Gates by input character", "", *_classes(rep), "",
               "## Divergence rate", "", *_divergence(rep), "",
               "## Output-level reach", "", *_reach(rep), "",
+              "## Causal memory", "", *causal_lines(rep), "",
               "## Context used", "", *_context(rep), "",
               "## Memory by direction", "", *_memory(rep), "",
               "## Gate saturation", "", *_saturation(rep), ""]

@@ -211,9 +211,32 @@ def summary_table(report: dict) -> Table | None:
     return Table(["", "value"], rows, "Run") if rows else None
 
 
+def causal_tables(rep: dict) -> list[Table]:
+    """The return path cut beside the forget-only curve; the state ablation's KL by lag."""
+    c = rep.get("causal") or {}
+    out = []
+    cut = c.get("return_cut")
+    if cut:
+        p = cut["pooled"]
+        out.append(Table(
+            ["lag", "cut run |δs|", "forget-only |δs|", "uncut |δs|"],
+            [list(r) for r in zip(cut["lags"], p["measured"], p["forget_only"], p["uncut"],
+                                  strict=True)],
+            f"Return path cut at position {cut['position']}: from the next step on "
+            f"{', '.join(cut['patched'])} take their clean values"))
+    ab = c.get("state_ablation")
+    if ab:
+        out.append(Table(["lag", "KL(clean ‖ ablated) (nats)"],
+                         [list(r) for r in zip(ab["lags"], ab["kl"], strict=True)],
+                         f"State ablation at position {ab['position']}: "
+                         f"{', '.join(ab['ablated'])} replaced by their mean over the "
+                         "windows, carried forward"))
+    return out
+
+
 def all_tables(report: dict) -> list[Table]:
     """Every table that applies, in the page's order."""
     tables = (summary_table(report), verification_table(report), divergence_table(report),
               gates_table(report), units_table(report), perturbation_table(report),
               half_lives_table(report), classes_table(report), reach_table(report))
-    return [t for t in tables if t is not None]
+    return [t for t in tables if t is not None] + causal_tables(report)
