@@ -52,8 +52,8 @@ def _text(site: Path, page: str) -> str:
 
 
 def test_every_nav_page_is_built(site: Path) -> None:
-    for page in ("methods", "opening-models", "formats", "studies", "cli", "api", "design",
-                 "findings", "changelog"):
+    for page in ("methods", "opening-models", "training", "report", "formats", "studies",
+                 "cli", "api", "design", "findings", "changelog"):
         assert (site / page / "index.html").is_file(), page
     assert "Quick start" in (site / "index.html").read_text("utf-8")
     assert not (site / "hooks").exists()  # the hooks are code, not pages
@@ -144,18 +144,25 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     assert "no-such-page.md" in done.stdout + done.stderr
 
 
-def test_python_blocks_of_the_docs_are_readme_examples() -> None:
-    """Each ```python block of docs/*.md is one of the README's, which test_readme runs.
+def test_every_python_block_of_the_docs_is_run_by_a_test() -> None:
+    """Each ```python block of docs/*.md runs in a test: tests/test_readme.py reads every
+    docs/*.md page beside the README and fails on a block no test of its runs.
 
     The Tutorials pages are not docs/*.md: they are generated from docs/tutorials/*.py,
     whose code tests/test_notebooks.py runs, so the rule does not reach them."""
-    readme = _python_blocks((ROOT / "README.md").read_text("utf-8"))
+    spec = importlib.util.spec_from_file_location("readme_examples", ROOT / "tests/test_readme.py")
+    examples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(examples)
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert set(pages) <= set(examples.sources())
+    run = set(examples.blocks())
     found = 0
-    for page in sorted((ROOT / "docs").glob("*.md")):
+    for page in pages:
         for block in _python_blocks(page.read_text("utf-8")):
-            assert block in readme, f"{page.name}: a Python block no test runs:\n{block}"
+            assert block.rstrip("\n") in run, f"{page.name}: a Python block no test runs:\n{block}"
+            assert sum(word in block for word in examples.COVERED) == 1, page.name
             found += 1
-    assert found >= 2
+    assert found >= 5  # the quick start, the trace, the checkpoint, ONNX/Keras, interventions
 
 
 def _python_blocks(text: str) -> list[str]:

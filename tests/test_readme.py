@@ -1,28 +1,41 @@
-"""The README's Python examples run as written (issue 20: its own Lens example once failed).
+"""Every Python example of the README and of the docs pages runs as written (issue 20: the
+README's own Lens example once failed; issue 30: the examples moved to docs/*.md with the
+text they belong to, and still run).
 
-Each ```python block is executed as printed in a fresh directory that holds the files it
-names (my_text.txt; RUN/model.safetensors; model.onnx exported from an nn.LSTM; model.h5, a
-Keras 2 hard-sigmoid LSTM written with h5py; a cell-loop model where one is assumed), and
-what its comments promise is checked on the names it leaves. A new block must be added to
-``COVERED`` with a test of its own.
+Each ```python block of README.md and docs/*.md is executed as printed in a fresh directory
+that holds the files it names (my_text.txt; RUN/model.safetensors; model.onnx exported from
+an nn.LSTM; model.h5, a Keras 2 hard-sigmoid LSTM written with h5py; a cell-loop model where
+one is assumed), and what its comments promise is checked on the names it leaves. A new
+block must be added to ``COVERED`` with a test of its own; a block printed on two pages
+must be the same on both (the test runs it once). The Tutorials pages are not docs/*.md:
+they are generated from docs/tutorials/*.py, which tests/test_notebooks.py runs.
+
+The README's table of supported models is checked against the family registry here too.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
-def blocks() -> list[str]:
-    """The README's ```python blocks, in order, dedented to the fence's own indentation."""
-    text = README.read_text(encoding="utf-8")
+def sources() -> list[Path]:
+    """The pages whose Python blocks must run: the README and every docs/*.md."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def page_blocks(path: Path) -> list[str]:
+    """One page's ```python blocks, in order, dedented to the fence's own indentation."""
+    text = path.read_text(encoding="utf-8")
     out = []
     for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, flags=re.S | re.M):
         indent = len(m.group(1))
@@ -30,13 +43,19 @@ def blocks() -> list[str]:
     return out
 
 
+def blocks() -> list[str]:
+    """Every page's ```python blocks, each distinct block once, in page order."""
+    return list(dict.fromkeys(b for page in sources() for b in page_blocks(page)))
+
+
 def find(word: str) -> str:
     found = [b for b in blocks() if word in b]
-    assert found, f"no README example uses {word}"
+    assert found, f"no README or docs example uses {word}"
+    assert len(found) == 1, f"{len(found)} different examples use {word}: one test runs one"
     return found[0]
 
 
-#: a phrase that identifies each README block, and the test that runs it
+#: a phrase that identifies each block, and the test that runs it
 COVERED = {"load_file(\"RUN/model.safetensors\")": "test_checkpoint_example",
            "gatelens.trace(lstm": "test_trace_example",
            "class CharModel": "test_lens_example_reads_the_file_it_names",
@@ -47,10 +66,56 @@ COVERED = {"load_file(\"RUN/model.safetensors\")": "test_checkpoint_example",
 
 def test_every_readme_example_is_run_by_a_test():
     for b in blocks():
-        assert sum(word in b for word in COVERED) == 1, f"a README example no test runs:\n{b}"
+        assert sum(word in b for word in COVERED) == 1, f"an example no test runs:\n{b}"
     assert len(blocks()) == len(COVERED)
     for name in COVERED.values():
         assert callable(globals()[name])
+    readme = page_blocks(README)
+    assert any("class CharModel" in b for b in readme)  # the quick start stays in the README
+    assert any("gatelens.trace(lstm" in b for b in readme)
+
+
+def test_the_block_rule_reaches_every_docs_page(tmp_path, monkeypatch):
+    """A block on a docs page that no test runs fails the rule (so the rule can fail)."""
+    page = ROOT / "docs" / "methods.md"
+    assert page in sources()
+    fake = tmp_path / "methods.md"
+    fake.write_text(page.read_text(encoding="utf-8") + "\n```python\nprint('untested')\n```\n",
+                    encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "sources", lambda: [README, fake])
+    extra = [b for b in blocks() if not any(word in b for word in COVERED)]
+    assert extra == ["print('untested')"]
+
+
+def _readme_table() -> dict[str, tuple[bool, bool]]:
+    """The README's supported-models table: family -> (train ✓, edits ✓)."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Supported models"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"^\| `([^`]+)` \|[^|]*\|([^|]*)\|([^|]*)\|$", line)
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} has two rows"
+            rows[m.group(1)] = ("✓" in m.group(2), "✓" in m.group(3))
+    return rows
+
+
+def test_supported_models_table_is_the_registry(monkeypatch):
+    """Every registered family has a row and every row is a registered family; the train
+    column is the families with a ``gatelens train --cell`` recipe, the edits column those
+    whose ``intervene`` is their own (Lens.run refuses the rest in one line)."""
+    import gatelens
+    from gatelens.families.base import Family
+    from gatelens.families.registry import family_classes
+
+    monkeypatch.delenv("GATELENS_FAMILIES", raising=False)
+    rows = _readme_table()
+    assert list(rows) == list(gatelens.families())  # the registry's order, too
+    for cls in family_classes():
+        train, edits = rows[cls.name]
+        assert train == (cls.recipe is not None), cls.name
+        assert edits == (cls.intervene is not Family.intervene), cls.name
 
 
 def test_checkpoint_example(monkeypatch, tmp_path):
@@ -84,9 +149,15 @@ def test_lens_example_reads_the_file_it_names(monkeypatch, tmp_path):
     Path("my_text.txt").write_text(words * 90, encoding="utf-8")  # 5,490 characters
     torch.manual_seed(0)
     ns: dict = {}
-    exec(find("gatelens.Lens("), ns)
+    exec(find("class CharModel"), ns)
     rep = ns["result"].reports["lstm"]
     assert rep["verification"]["passed"]
+    a = ns["a"]  # the typed objects the example reads, and report.json agrees with them
+    assert a is ns["result"].analyses["lstm"] and a.verification.passed is True
+    assert a.units.half_life["median"] == rep["units"]["half_life"]["median"]
+    assert a.perturbation.half_life_measured == rep["perturbation"]["half_life_measured"] > 0
+    assert 0 < a.perturbation.half_life_forget_only
+    assert a.reach.half_life == rep["output_reach"]["half_life"] > 0
     assert rep["text"]["windows"] == 32 and "my_text.txt" in rep["text"]["source"]
     assert Path("lens_out/lstm/report.json").is_file() and Path("lens_out/index.html").is_file()
 
