@@ -62,6 +62,13 @@ class Progress:
         print(f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), {rate:.3g} {self.unit}/s, "
               f"ETA {_clock(eta)}" + (f", {note}" if note else ""), file=self.stream, flush=True)
 
+    def write(self, line: str) -> None:
+        """One line of its own (above the bar on a terminal), whether or not the bar shows."""
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

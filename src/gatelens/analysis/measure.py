@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from gatelens.analysis import perturb_windows
 from gatelens.analysis.chunk import Chunk, Setup
+from gatelens.analysis.estimate import chunk_bytes, plan_line, time_line
 from gatelens.analysis.measurements import MEASUREMENTS
 from gatelens.analysis.result import Analysis, Baseline, Captured, Runner, encoder_runner
 from gatelens.analysis.settings import AnalysisSettings, check_perturb_pos
@@ -39,10 +40,6 @@ STAGES = ("trace", "divergence", "verification", "spectrum", "fixed_points", "co
 
 #: the working memory an analysis aims at (docs/design.md "Streaming analysis")
 MEMORY_BUDGET = 3 << 28  # 768 MiB
-#: bytes a window costs, per character and unit of the carried state, in float32 units:
-#: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
-BYTES_PER_STATE = 4 * 80
-
 
 def chunk_windows(fam: Family, length: int, budget: int = MEMORY_BUDGET) -> int:
     """Windows per chunk so that one chunk's working memory stays near ``budget``.
@@ -51,8 +48,11 @@ def chunk_windows(fam: Family, length: int, budget: int = MEMORY_BUDGET) -> int:
     >>> chunk_windows(family_of(torch.nn.LSTM(84, 325)), 128)
     60
     """
-    units = fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
-    return max(1, int(budget // (length * units * BYTES_PER_STATE)))
+    return max(1, int(budget // chunk_bytes(1, length, _units(fam))))
+
+
+def _units(fam: Family) -> int:
+    return fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
 
 
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
@@ -112,6 +112,9 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     step = chunk or chunk_windows(fam, T)
     kept: dict = {}
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
+    if progress:  # what it will cost, before it starts (analysis/estimate.py)
+        bar.write(plan_line(windows=B, length=T, step=step, units=_units(fam)))
+    started = time.perf_counter()
     for b0 in range(0, B, step):
         w, wp = ids[b0 : b0 + step], perturbed[b0 : b0 + step]
         bar.note(stage="trace")
@@ -129,6 +132,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
             clock[m.stage] += time.perf_counter() - t0
         kept = kept or {"trace": tr, "trace_perturbed": tr2}
         del part, call, ref, cap, cap2
+        if progress and b0 == 0 and B > step:
+            bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step))
         bar.update(len(w))
         bar.milestone(", ".join(f"{k} {v:.1f}s" for k, v in clock.items() if v))
     bar.close()

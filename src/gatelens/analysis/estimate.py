@@ -1,0 +1,43 @@
+"""What an analysis will cost, said before it runs: its chunks and the working memory of
+one (from the module's size), then, once the first chunk is timed, the time of all of them.
+
+>>> print(plan_line(windows=64, length=128, step=16, units=650))
+gatelens analyze: 64 windows × 128 in 4 chunks of 16; working memory ≈ 406 MiB a chunk
+>>> print(time_line(first=2.0, windows=64, step=16))
+gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s
+"""
+
+from __future__ import annotations
+
+__all__ = ["chunk_bytes", "plan_line", "time_line"]
+
+#: bytes a window costs, per character and unit of the carried state, in float32 units:
+#: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
+BYTES_PER_STATE = 4 * 80
+
+
+def chunk_bytes(step: int, length: int, units: int) -> int:
+    """The working memory one chunk of ``step`` windows aims at (``measure``'s rule)."""
+    return step * length * units * BYTES_PER_STATE
+
+
+def _chunks(windows: int, step: int) -> int:
+    return -(-windows // step)
+
+
+def plan_line(*, windows: int, length: int, step: int, units: int) -> str:
+    """The line printed before the first chunk."""
+    n = _chunks(windows, step)
+    mib = chunk_bytes(min(step, windows), length, units) / 2**20
+    return (f"gatelens analyze: {windows} windows × {length} in {n} chunk{'s' * (n > 1)} of "
+            f"{min(step, windows)}; working memory ≈ {mib:.0f} MiB a chunk")
+
+
+def time_line(*, first: float, windows: int, step: int) -> str:
+    """The line printed after the first chunk, when more follow."""
+    n = _chunks(windows, step)
+    total = first * windows / min(step, windows)
+    return (f"gatelens analyze: the first chunk took {first:.1f} s; all {n} ≈ "
+            f"{total:.1f} s" if total < 120 else
+            f"gatelens analyze: the first chunk took {first:.1f} s; all {n} ≈ "
+            f"{total / 60:.1f} min")

@@ -1,0 +1,39 @@
+"""The cost of an analysis said before it runs (analysis/estimate.py): its chunks and
+their working memory at the start, the time of all chunks once the first is timed."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from gatelens.analysis.estimate import chunk_bytes, plan_line, time_line
+from gatelens.analysis.measure import MEMORY_BUDGET, chunk_windows, encoder_runner, measure
+from gatelens.families.registry import family_of
+
+
+def test_the_lines_before_and_after_the_first_chunk(capsys):
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
+    ids = torch.randint(0, 4, (5, 20))
+    run = encoder_runner(lambda i: torch.nn.functional.one_hot(i, 4).float())
+    measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=0, chunk=2, progress=True)
+    err = capsys.readouterr().err.splitlines()
+    plan = next(i for i, line in enumerate(err) if "working memory" in line)
+    assert err[plan] == plan_line(windows=5, length=20, step=2, units=12)
+    assert "5 windows × 20 in 3 chunks of 2" in err[plan]
+    timed = [line for line in err if "the first chunk took" in line]
+    assert len(timed) == 1 and err.index(timed[0]) > plan
+    first, total = map(float, re.findall(r"([\d.]+) s", timed[0]))
+    assert abs(total - first * 5 / 2) < 0.06 + 0.01 * total  # its own rule, rounded
+    measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=0, progress=False)
+    assert capsys.readouterr().err == ""  # nothing said without progress
+
+
+def test_the_chunk_rule_is_the_estimates():
+    fam = family_of(torch.nn.LSTM(84, 325))
+    step = chunk_windows(fam, 128)
+    assert chunk_bytes(step, 128, 325) <= MEMORY_BUDGET < chunk_bytes(step + 1, 128, 325)
+    assert time_line(first=90.0, windows=40, step=10).endswith("all 4 ≈ 6.0 min")
+    assert plan_line(windows=3, length=8, step=10, units=4).startswith(
+        "gatelens analyze: 3 windows × 8 in 1 chunk of 3")
