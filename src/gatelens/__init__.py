@@ -37,6 +37,11 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "Scale": "gatelens.interventions.edits", "Zero": "gatelens.interventions.edits",
          "Mean": "gatelens.interventions.edits", "Patch": "gatelens.interventions.edits",
          "RunResult": "gatelens.interventions.run",
+         # activation patching (issue 28 part 2)
+         "patch_sweep": "gatelens.interventions.patching",
+         "PatchResult": "gatelens.interventions.patching",
+         "logit_diff": "gatelens.interventions.metrics", "loss": "gatelens.interventions.metrics",
+         "kl": "gatelens.interventions.metrics", "spearman": "gatelens.interventions.metrics",
          "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
@@ -45,9 +50,10 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "load_hf": "gatelens.loaders.hf_dir", "HFModel": "gatelens.loaders.hf_dir"}
 
 __all__ = ["Add", "Analysis", "CellCache", "HFModel", "Lens", "LensResult", "Mean", "Patch",
-           "RunResult", "Scale", "Set", "Trace", "VERIFY_TOL", "VerifyResult", "Zero", "analyze",
-           "families", "fixed_points", "gate_names", "half_life", "load_hf", "load_run",
-           "measure", "open_cells",
+           "PatchResult", "RunResult", "Scale", "Set", "Trace", "VERIFY_TOL", "VerifyResult",
+           "Zero", "analyze", "families", "fixed_points", "gate_names", "half_life", "kl",
+           "load_hf", "load_run", "logit_diff", "loss", "measure", "open_cells",
+           "patch_sweep", "spearman",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__"]
 

@@ -43,10 +43,13 @@ class StepChange:
 
 
 class EditPlan:
-    """The changes of one call of one module, by layer."""
+    """The changes of one call of one module, by layer. ``grad``: the family runs the
+    edited call with autograd on (attribution patching differentiates through it); else
+    under no_grad."""
 
-    def __init__(self, changes: Iterable[StepChange]) -> None:
+    def __init__(self, changes: Iterable[StepChange], grad: bool = False) -> None:
         self.changes = list(changes)
+        self.grad = grad
 
     def __bool__(self) -> bool:
         return bool(self.changes)

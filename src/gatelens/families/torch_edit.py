@@ -120,7 +120,7 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
                             "are not supported; pass the padded tensor")
     L, D = fam.num_layers, fam.directions
     x, finals, signals = call.inputs, {}, {}
-    with torch.no_grad():
+    with torch.set_grad_enabled(plan.grad):
         for k in range(L):
             outs = []
             for d in range(D):

@@ -180,6 +180,8 @@ def resolve(edits: Sequence[Edit], keys: Mapping[str, tuple[str, str]],
     return out
 
 
-def plan_of(resolved: Sequence[Resolved], path: str, T: int, where: str) -> EditPlan:
-    """The plan of one call of the module at ``path`` (T window positions)."""
-    return EditPlan(r.change(T, where) for r in resolved if r.path == path)
+def plan_of(resolved: Sequence[Resolved], path: str, T: int, where: str,
+            grad: bool = False) -> EditPlan:
+    """The plan of one call of the module at ``path`` (T window positions); ``grad``: run
+    it with autograd on."""
+    return EditPlan((r.change(T, where) for r in resolved if r.path == path), grad=grad)
