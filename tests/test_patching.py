@@ -227,3 +227,81 @@ def test_bad_input_is_one_line(kw, words) -> None:
 def test_logit_diff_of_one_token_is_refused() -> None:
     with pytest.raises(GatelensError, match="the two tokens are the same"):
         gatelens.logit_diff(2, 2)
+
+
+class Loop(nn.Module):
+    """embedding -> nn.LSTMCell stepped in a Python loop -> head."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.embed, self.cell, self.head = nn.Embedding(V, E), nn.LSTMCell(E, H), nn.Linear(H, V)
+        with torch.no_grad():
+            self.cell.weight_hh.mul_(scale)
+            self.cell.weight_ih.mul_(scale)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        e, ys, state = self.embed(ids), [], None
+        for t in range(ids.shape[1]):
+            state = self.cell(e[:, t], state)
+            ys.append(state[0])
+        return self.head(torch.stack(ys, 1))
+
+
+def charlm(cell: str) -> nn.Module:
+    from gatelens.training.model import CharLM
+
+    torch.manual_seed(6)
+    return CharLM(vocab_size=V, hidden=H, layers=2, cell=cell, embed=E).eval()
+
+
+OTHERS = [("cell loop", lambda: Loop(), ["cell.layer0.c", "cell.layer0.h"]),
+          ("chaotic cell loop", lambda: Loop(8.0), [("cell.layer0.c", "cell.layer0.h")]),
+          ("CharLM mingru", lambda: charlm("mingru"), ["rnn.layer0.h", "rnn.layer1.h"]),
+          ("CharLM slstm", lambda: charlm("slstm"), ["rnn.layer1.c", "rnn.layer0.h"])]
+
+
+@pytest.mark.parametrize("what,make,names", OTHERS, ids=[o[0] for o in OTHERS])
+def test_other_families_sweep_and_attribution(what, make, names) -> None:
+    # a cell stepped in a loop and gatelens's modern cells: the sweep against Lens.run with
+    # Patch, the attribution against a central difference (float64)
+    net = make().double()
+    lens, (clean, corrupt) = gatelens.Lens(net), pair(8)
+    pos = [3, P, T - 1]
+    res = gatelens.patch_sweep(lens, clean, corrupt, names, positions=pos, metric="loss")
+    ref, bad = lens.run(clean).trace, lens.run(corrupt).trace
+    with torch.no_grad():
+        clean_logits = gatelens.lens.lens.output_logits(net(clean))
+
+    def m(edits) -> float:
+        out = gatelens.lens.lens.output_logits(lens.run(corrupt, edits).output)
+        return metric_value(gatelens.loss, out, clean_logits, clean)
+
+    span, eps = res.m_clean - res.m_corrupt, 1e-5
+    for i, name in enumerate(names):
+        group = (name,) if isinstance(name, str) else name
+        for j, t in enumerate(pos):
+            got = m([gatelens.Patch(k, source=clean, at=t) for k in group])
+            assert res.patched[i, j] == pytest.approx(got, abs=1e-9)
+            fd = sum(m([gatelens.Add(k, eps * (ref[k][:, t] - bad[k][:, t]), at=t)])
+                     - m([gatelens.Add(k, -eps * (ref[k][:, t] - bad[k][:, t]), at=t)])
+                     for k in group) / (2 * eps) / span
+            assert res.attribution[i, j] == pytest.approx(fd, abs=1e-6 * max(1, abs(fd)))
+    assert "forward" not in vars(next(iter(lens.modules.values())))  # put back as it was
+
+
+def test_a_family_that_cannot_be_edited_is_one_line() -> None:
+    from gatelens.cells.variants import VariantLSTM
+
+    class Peep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.rnn = nn.Embedding(V, E), VariantLSTM(E, H, peepholes=True)
+            self.head = nn.Linear(H, V)
+
+        def forward(self, ids: Tensor) -> Tensor:
+            return self.head(self.rnn(self.embed(ids))[0])
+
+    with pytest.raises(GatelensError, match=r"interventions do not support the variant_lstm "
+                                            r"family \(VariantLSTM\) yet"):
+        gatelens.patch_sweep(gatelens.Lens(Peep()), *pair(), positions=[P])

@@ -85,7 +85,8 @@ class _Edited:
     done: list = field(default_factory=list)
 
 
-def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False):
+def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
+          signals: bool = True):
     fam, name = state.fam, state.path or "the model"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -103,7 +104,7 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False):
             call = fam.check(inputs, given)
         except (TypeError, ValueError) as e:
             raise GatelensError(f"{name}: {e}") from None
-        plan = plan_of(resolved, state.path, length or call.length, name, grad)
+        plan = plan_of(resolved, state.path, length or call.length, name, grad, signals)
         if not any(offset <= t < offset + call.length
                    for layer in plan.layers() for t in plan.positions(layer)):
             return None
@@ -113,6 +114,28 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False):
         return out
 
     return hook
+
+
+class _instead:
+    """``module.forward`` replaced, until ``remove()``, by ``hook(module, args, kwargs,
+    None)``: an edited call runs the family's edited call alone (its prefix from the
+    module's kernel, not spliced from its output); a call with no edit runs as it was."""
+
+    def __init__(self, module: nn.Module, hook) -> None:
+        self.module, self.old = module, module.__dict__.get("forward")
+        own = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            out = hook(module, args, kwargs, None)
+            return own(*args, **kwargs) if out is None else out
+
+        module.forward = forward
+
+    def remove(self) -> None:
+        if self.old is None:
+            del self.module.forward
+        else:
+            self.module.forward = self.old
 
 
 def _edited_trace(cache: CellCache, state: _Edited) -> None:
@@ -149,9 +172,13 @@ def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit], *, trace: bool = T
                             f"Patch; got {type(edits).__name__}")
     resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x), ids)
     states = {p: _Edited(lens.families[p], p) for p in dict.fromkeys(r.path for r in resolved)}
-    handles = [lens.families[p].module.register_forward_hook(
-        _hook(st, resolved, int(ids.shape[1]), grad), with_kwargs=True)
-        for p, st in states.items()]
+    T = int(ids.shape[1])
+    if trace:  # a forward hook: the module's own output is spliced in before the first edit
+        handles = [lens.families[p].module.register_forward_hook(
+            _hook(st, resolved, T, grad), with_kwargs=True) for p, st in states.items()]
+    else:  # the output alone: an edited call does not run the module's own forward first
+        handles = [_instead(lens.families[p].module, _hook(st, resolved, T, grad, False))
+                   for p, st in states.items()]
     cache = None
     try:  # these hooks run before open_cells's, so it sees what each edited call returned
         if trace:
