@@ -82,7 +82,8 @@ class PatchResult:
     def to_dict(self) -> dict:
         """The sweep as JSON-ready lists (what ``gatelens patch`` writes as patch.json)."""
         def rows(a: np.ndarray | None) -> list | None:
-            return None if a is None else [[float(v) for v in r] for r in a]
+            return None if a is None else [[float(v) if np.isfinite(v) else None for v in r]
+                                           for r in a]
 
         return {"metric": self.metric, "names": self.names, "positions": self.positions,
                 "batch": self.batch, "length": self.length, "m_clean": self.m_clean,
@@ -215,6 +216,9 @@ def patch_sweep(lens: Lens, clean: Tensor | str, corrupt: Tensor | str,
         return metric_value(metric, _logits(output, what), clean_logits, clean)
 
     m_clean, m_corrupt = m_of(base.output, "clean"), m_of(bad.output, "corrupt")
+    if not np.isfinite([m_clean, m_corrupt]).all():
+        raise GatelensError(f"patch: metric {metric.name} is {m_clean:.6g} on the clean run "
+                            f"and {m_corrupt:.6g} on the corrupt one; both must be finite")
     span = m_clean - m_corrupt
     if abs(span) <= EQUAL * max(1.0, abs(m_clean), abs(m_corrupt)):
         raise GatelensError(f"patch: metric {metric.name} is {m_clean:.6g} on the clean run "
