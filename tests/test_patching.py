@@ -13,7 +13,9 @@ from torch import Tensor, nn
 
 import gatelens
 from gatelens.errors import GatelensError
-from gatelens.interventions.metrics import metric_value
+from gatelens.interventions.metrics import metric_of, metric_value
+from gatelens.interventions.patching import state_keys
+from gatelens.lens.lens import output_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -125,10 +127,10 @@ def test_the_sweep_equals_a_hand_loop_of_lens_run_with_patch() -> None:
 
 def test_default_rows_are_every_state_key() -> None:
     lens = gatelens.Lens(Net("lstm", 2))
-    assert gatelens.interventions.patching.state_keys(lens) == [
+    assert state_keys(lens) == [
         "rnn.layer0.c", "rnn.layer0.h", "rnn.layer1.c", "rnn.layer1.h"]
     res = gatelens.patch_sweep(lens, *pair(), positions=[P], attribution=False)
-    assert res.names == gatelens.interventions.patching.state_keys(lens)
+    assert res.names == state_keys(lens)
     assert res.effect.shape == (4, 1) and res.metric == "kl"
 
 
@@ -150,7 +152,7 @@ def test_attribution_is_the_gradient_times_the_difference(kind, metric) -> None:
     for i, k in enumerate(names):
         for j, t in enumerate(res.positions):
             d = ref[k][:, t] - bad[k][:, t]  # (B, H)
-            ms = [metric_value(gatelens.interventions.metrics.metric_of(m), lens.run(
+            ms = [metric_value(metric_of(m), lens.run(
                 corrupt, [gatelens.Add(k, s * eps * d, at=t)]).output, clean_logits, clean)
                 for s in (1, -1)]
             fd = (ms[0] - ms[1]) / (2 * eps) / span
@@ -271,10 +273,10 @@ def test_other_families_sweep_and_attribution(what, make, names) -> None:
     res = gatelens.patch_sweep(lens, clean, corrupt, names, positions=pos, metric="loss")
     ref, bad = lens.run(clean).trace, lens.run(corrupt).trace
     with torch.no_grad():
-        clean_logits = gatelens.lens.lens.output_logits(net(clean))
+        clean_logits = output_logits(net(clean))
 
     def m(edits) -> float:
-        out = gatelens.lens.lens.output_logits(lens.run(corrupt, edits).output)
+        out = output_logits(lens.run(corrupt, edits).output)
         return metric_value(gatelens.loss, out, clean_logits, clean)
 
     span, eps = res.m_clean - res.m_corrupt, 1e-5

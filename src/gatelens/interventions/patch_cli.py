@@ -97,7 +97,7 @@ def _metric(args, vocab: list[str]):
     return gatelens.logit_diff(vocab.index(args.pair[0]), vocab.index(args.pair[1]))
 
 
-def _inputs(args, run, lens) -> tuple:
+def _inputs(args, run) -> tuple:
     """(clean, corrupt, what the report says of them)."""
     from gatelens.analysis.perturbation import perturb_windows
 
@@ -136,7 +136,7 @@ def cmd_patch(args) -> int:
     run = load_run(args.run, args.checkpoint)
     lens = gatelens.Lens(run)
     metric = _metric(args, list(run.vocab))
-    clean, corrupt, inputs = _inputs(args, run, lens)
+    clean, corrupt, inputs = _inputs(args, run)
     res = gatelens.patch_sweep(lens, clean, corrupt, _names(args.names),
                                _positions(args.positions), metric,
                                attribution=not args.no_attribution)
