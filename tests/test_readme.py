@@ -61,7 +61,8 @@ COVERED = {"load_file(\"RUN/model.safetensors\")": "test_checkpoint_example",
            "class CharModel": "test_lens_example_reads_the_file_it_names",
            "gatelens.open_onnx(": "test_onnx_and_keras_example",
            "gatelens.open_cells(model)": "test_cell_loop_example",
-           "lens.run(ids, edits=[": "test_interventions_example"}
+           "lens.run(ids, edits=[": "test_interventions_example",
+           "gatelens.patch_sweep(": "test_patching_example"}
 
 
 def test_every_readme_example_is_run_by_a_test():
@@ -248,3 +249,32 @@ def test_interventions_example(monkeypatch, tmp_path):
     out = ns["res"].output
     assert torch.equal(out[:, :32], own[:, :32]) and not torch.allclose(out[:, 32:], own[:, 32:])
     assert gatelens.Set in (type(e) for e in ns["res"].edits)
+
+
+def test_patching_example(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    V, T = 9, 24
+
+    class CharModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(V, 16)
+            self.lstm = torch.nn.LSTM(16, 24, num_layers=2, batch_first=True)
+            self.head = torch.nn.Linear(24, V)
+
+        def forward(self, ids):
+            return self.head(self.lstm(self.embed(ids))[0])
+
+    clean = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    corrupt = clean.clone()
+    corrupt[:, 18] = (clean[:, 18] + 1) % V
+    ns = {"model": CharModel(), "clean_ids": clean, "corrupt_ids": corrupt, "a": 1, "b": 2}
+    exec(find("gatelens.patch_sweep("), ns)
+    res = ns["res"]
+    assert res.effect.shape == (3, T) and res.names[2] == "lstm.layer0.c + lstm.layer0.h"
+    assert abs(res.patched[:, :18] - res.m_corrupt).max() <= 1e-6  # before the change: equal
+    # at 18, layer 0's whole state clean makes layer 1's clean too (its state at 17 is)
+    assert abs(res.patched[2, 18] - res.m_clean) <= 1e-5
+    assert res.attribution.shape == (3, T) and -1 <= res.spearman <= 1
+

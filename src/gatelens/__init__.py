@@ -42,6 +42,11 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "state_ablation": "gatelens.interventions.causal",
          "steer": "gatelens.interventions.steering",
          "contrastive_vector": "gatelens.interventions.steering",
+         # activation patching (issue 28 part 2)
+         "patch_sweep": "gatelens.interventions.patching",
+         "PatchResult": "gatelens.interventions.patching",
+         "logit_diff": "gatelens.interventions.metrics", "loss": "gatelens.interventions.metrics",
+         "kl": "gatelens.interventions.metrics", "spearman": "gatelens.interventions.metrics",
          "fixed_points": "gatelens.analysis.fixed_points:module_fixed_points",
          # the file loaders import onnx / onnxruntime / h5py only when called
          "open_onnx": "gatelens.loaders.onnx_file", "trace_onnx": "gatelens.loaders.onnx_trace",
@@ -50,9 +55,10 @@ _LAZY = {"Analysis": "gatelens.analysis.measure", "analyze": "gatelens.lens.anal
          "load_hf": "gatelens.loaders.hf_dir", "HFModel": "gatelens.loaders.hf_dir"}
 
 __all__ = ["Add", "Analysis", "CellCache", "HFModel", "Lens", "LensResult", "Mean", "Patch",
-           "RunResult", "Scale", "Set", "Trace", "VERIFY_TOL", "VerifyResult", "Zero", "analyze",
-           "families", "fixed_points", "gate_names", "half_life", "load_hf", "load_run",
-           "measure", "open_cells",
+           "PatchResult", "RunResult", "Scale", "Set", "Trace", "VERIFY_TOL", "VerifyResult",
+           "Zero", "analyze", "families", "fixed_points", "gate_names", "half_life", "kl",
+           "load_hf", "load_run", "logit_diff", "loss", "measure", "open_cells",
+           "patch_sweep", "spearman",
            "open_keras", "open_onnx", "reproduce", "trace", "trace_onnx",
            "trace_chunked", "verify", "__version__",
            "contrastive_vector", "return_cut", "state_ablation", "steer"]

@@ -22,6 +22,7 @@ from gatelens.errors import (
 )
 from gatelens.families.registry import recipes
 from gatelens.families.spec import layer_name
+from gatelens.interventions.patch_cli import add_patch, cmd_patch
 from gatelens.stops import Stopped, exit_code, signal_name, signals_raise
 from gatelens.studies.seed_compare import CELLS as SEED_COMPARE_CELLS
 from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
@@ -348,7 +349,7 @@ def _cmd_study(args) -> int:
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
             "verify": (_add_verify, _cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
             "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce),
-            "study": (_add_study, _cmd_study)}
+            "study": (_add_study, _cmd_study), "patch": (add_patch, cmd_patch)}
 
 
 def build_parser() -> argparse.ArgumentParser:

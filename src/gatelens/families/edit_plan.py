@@ -43,10 +43,16 @@ class StepChange:
 
 
 class EditPlan:
-    """The changes of one call of one module, by layer."""
+    """The changes of one call of one module, by layer. ``grad``: the family runs the
+    edited call with autograd on (attribution patching differentiates through it); else
+    under no_grad. ``signals`` False: only the output is wanted, a family may skip reading
+    the signals of its unedited stretches (and return fewer)."""
 
-    def __init__(self, changes: Iterable[StepChange]) -> None:
+    def __init__(self, changes: Iterable[StepChange], grad: bool = False,
+                 signals: bool = True) -> None:
         self.changes = list(changes)
+        self.grad = grad
+        self.signals = signals
 
     def __bool__(self) -> bool:
         return bool(self.changes)

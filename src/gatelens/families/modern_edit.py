@@ -61,7 +61,7 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
     x, T = call.inputs, call.length
     init = m._states(call.state, x)
     below, finals, signals = None, [], {}
-    with torch.no_grad():
+    with torch.set_grad_enabled(plan.grad):
         for k in range(fam.num_layers):
             name = layer_name(k)
             inp = x if k == 0 else m.norm_in[k - 1](below)  # (B, T, F_k)

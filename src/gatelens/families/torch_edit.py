@@ -51,14 +51,17 @@ def direction_module(fam: Any, k: int, reverse: bool) -> nn.RNNBase:
     return cache[k, reverse]
 
 
-def _segment(fam1: Any, mod: nn.RNNBase, x: Tensor, state: tuple[Tensor, ...]
-             ) -> tuple[Tensor, tuple[Tensor, ...], dict[str, Tensor]]:
+def _segment(fam1: Any, mod: nn.RNNBase, x: Tensor, state: tuple[Tensor, ...],
+             read: bool = True) -> tuple[Tensor, tuple[Tensor, ...], dict[str, Tensor]]:
     """The layer's own kernel on steps ``x`` (B, τ, F) from ``state`` ((B, ·) parts): its
-    output (B, τ, H_out), the state after the last step and the read-out of every signal."""
+    output (B, τ, H_out), the state after the last step and the read-out of every signal
+    (``read`` False: none, {})."""
     given = tuple(s.unsqueeze(0) for s in state)
     with quiet_onednn():
         y, fin = mod.forward(x, given if len(given) == 2 else given[0])
     fin = fin if isinstance(fin, tuple) else (fin,)
+    if not read:
+        return y, tuple(f[0] for f in fin), {}
     call = Call(x, given, {"batch_first": True, "unbatched": False, "packed": None,
                            "lengths": None})
     ref = Reference({"layer0.h": y}, {"layer0": x}, {"layer0": state})
@@ -89,9 +92,10 @@ def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...]
     j = 0
     for n in [*hand, T]:
         if n > j:
-            y, state, sig = _segment(fam1, mod, x[:, j:n], state)
+            y, state, sig = _segment(fam1, mod, x[:, j:n], state, plan.signals)
             ys.append(y)
-            sigs.append({s.split(".")[-1]: v for s, v in sig.items()})
+            if plan.signals:
+                sigs.append({s.split(".")[-1]: v for s, v in sig.items()})
         if n < T:
             t = pos(n)
             sig = step(w, x[:, n], *state, edit=plan.step_edit(name, t))
@@ -99,10 +103,11 @@ def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...]
                 if plan.local(name, t) else sig
             state = (carried["h"], carried["c"]) if "c" in carried else (carried["h"],)
             ys.append(sig["h"].unsqueeze(1))
-            sigs.append({s: v.unsqueeze(1) for s, v in sig.items()})
+            if plan.signals:
+                sigs.append({s: v.unsqueeze(1) for s, v in sig.items()})
         j = n + 1
     y = torch.cat(ys, dim=1)
-    sig = {s: torch.cat([p[s] for p in sigs], dim=1) for s in sigs[0]}
+    sig = {s: torch.cat([p[s] for p in sigs], dim=1) for s in sigs[0]} if sigs else {}
     if reverse:
         y, sig = y.flip(1), {s: v.flip(1) for s, v in sig.items()}
     return y, state, sig
@@ -120,7 +125,7 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
                             "are not supported; pass the padded tensor")
     L, D = fam.num_layers, fam.directions
     x, finals, signals = call.inputs, {}, {}
-    with torch.no_grad():
+    with torch.set_grad_enabled(plan.grad):
         for k in range(L):
             outs = []
             for d in range(D):
@@ -144,4 +149,5 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
         out, parts = x[0], tuple(p[:, 0] for p in parts)
     else:
         out = x if fam.module.batch_first else x.transpose(0, 1)
-    return (out, parts if len(parts) == 2 else parts[0]), {n: signals[n] for n in fam.names()}
+    sig = {n: signals[n] for n in fam.names()} if plan.signals else {}
+    return (out, parts if len(parts) == 2 else parts[0]), sig

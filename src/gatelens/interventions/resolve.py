@@ -180,6 +180,9 @@ def resolve(edits: Sequence[Edit], keys: Mapping[str, tuple[str, str]],
     return out
 
 
-def plan_of(resolved: Sequence[Resolved], path: str, T: int, where: str) -> EditPlan:
-    """The plan of one call of the module at ``path`` (T window positions)."""
-    return EditPlan(r.change(T, where) for r in resolved if r.path == path)
+def plan_of(resolved: Sequence[Resolved], path: str, T: int, where: str,
+            grad: bool = False, signals: bool = True) -> EditPlan:
+    """The plan of one call of the module at ``path`` (T window positions); ``grad``: run
+    it with autograd on; ``signals`` False: the output alone is wanted."""
+    return EditPlan((r.change(T, where) for r in resolved if r.path == path), grad=grad,
+                    signals=signals)

@@ -43,7 +43,7 @@ class RunResult:
     ``open_cells`` (``"lstm.layer0.c"`` -> (B, T, H)); ``edits``, the edits as given."""
 
     output: Any
-    trace: CellCache
+    trace: CellCache | None
     edits: list[Edit] = field(default_factory=list)
 
 
@@ -53,12 +53,14 @@ def _keys(lens: Lens) -> dict[str, tuple[str, str]]:
             for path, fam in lens.families.items() for n in fam.names()}
 
 
-def _forward(lens: Lens, ids: Tensor) -> Any:
-    """The model on ids in eval mode, no gradients, every training flag restored."""
+def _forward(lens: Lens, ids: Tensor, grad: bool = False) -> Any:
+    """The model on ids in eval mode, every training flag restored; no gradients unless
+    ``grad`` (then cuDNN is off: its RNN backward refuses eval mode)."""
     flags = {m: m.training for m in lens.model.modules()}
     try:
         lens.model.eval()
-        with torch.no_grad(), quiet_onednn():
+        with torch.set_grad_enabled(grad), quiet_onednn(), \
+                torch.backends.cudnn.flags(enabled=not grad):
             return lens._forward(lens.model, ids)
     finally:
         for m, flag in flags.items():
@@ -83,7 +85,8 @@ class _Edited:
     done: list = field(default_factory=list)
 
 
-def _hook(state: _Edited, resolved: list[Resolved], T: int):
+def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
+          signals: bool = True):
     fam, name = state.fam, state.path or "the model"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -101,7 +104,7 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int):
             call = fam.check(inputs, given)
         except (TypeError, ValueError) as e:
             raise GatelensError(f"{name}: {e}") from None
-        plan = plan_of(resolved, state.path, length or call.length, name)
+        plan = plan_of(resolved, state.path, length or call.length, name, grad, signals)
         if not any(offset <= t < offset + call.length
                    for layer in plan.layers() for t in plan.positions(layer)):
             return None
@@ -111,6 +114,28 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int):
         return out
 
     return hook
+
+
+class _instead:
+    """``module.forward`` replaced, until ``remove()``, by ``hook(module, args, kwargs,
+    None)``: an edited call runs the family's edited call alone (its prefix from the
+    module's kernel, not spliced from its output); a call with no edit runs as it was."""
+
+    def __init__(self, module: nn.Module, hook) -> None:
+        self.module, self.old = module, module.__dict__.get("forward")
+        own = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            out = hook(module, args, kwargs, None)
+            return own(*args, **kwargs) if out is None else out
+
+        module.forward = forward
+
+    def remove(self) -> None:
+        if self.old is None:
+            del self.module.forward
+        else:
+            self.module.forward = self.old
 
 
 def _edited_trace(cache: CellCache, state: _Edited) -> None:
@@ -133,8 +158,12 @@ def _edited_trace(cache: CellCache, state: _Edited) -> None:
                 traces[n] = replace(tr, tensors=tensors, meta={**tr.meta, "edited": True})
 
 
-def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit]) -> RunResult:
-    """``lens.model`` on ``ids`` (B, T) int64 with ``edits`` (see ``Lens.run``)."""
+def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit], *, trace: bool = True,
+              grad: bool = False) -> RunResult:
+    """``lens.model`` on ``ids`` (B, T) int64 with ``edits`` (see ``Lens.run``).
+    ``trace=False``: no read-out of the edited run (``RunResult.trace`` is None; what a
+    patching sweep, which reads only the output, runs); ``grad``: autograd on, through the
+    edited steps (a tensor value that requires grad gets its gradient)."""
     if not isinstance(ids, Tensor):
         raise GatelensError(f"Lens.run takes ids (B, T) int64; got {type(ids).__name__}")
     ids = lens.windows(ids, 1, int(ids.shape[-1]) if ids.ndim else 1)[0]
@@ -143,16 +172,26 @@ def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit]) -> RunResult:
                             f"Patch; got {type(edits).__name__}")
     resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x), ids)
     states = {p: _Edited(lens.families[p], p) for p in dict.fromkeys(r.path for r in resolved)}
-    handles = [lens.families[p].module.register_forward_hook(
-        _hook(st, resolved, int(ids.shape[1])), with_kwargs=True) for p, st in states.items()]
+    T = int(ids.shape[1])
+    if trace:  # a forward hook: the module's own output is spliced in before the first edit
+        handles = [lens.families[p].module.register_forward_hook(
+            _hook(st, resolved, T, grad), with_kwargs=True) for p, st in states.items()]
+    else:  # the output alone: an edited call does not run the module's own forward first
+        handles = [_instead(lens.families[p].module, _hook(st, resolved, T, grad, False))
+                   for p, st in states.items()]
+    cache = None
     try:  # these hooks run before open_cells's, so it sees what each edited call returned
-        with open_cells(lens.model) as cache:
-            output = _forward(lens, ids)
+        if trace:
+            with open_cells(lens.model) as cache:
+                output = _forward(lens, ids, grad)
+        else:
+            output = _forward(lens, ids, grad)
     finally:
         for h in handles:
             h.remove()
-    for st in states.values():
-        _edited_trace(cache, st)
+    if cache is not None:
+        for st in states.values():
+            _edited_trace(cache, st)
     for r in resolved:
         missing = sorted(r.expected - r.applied)
         if missing:

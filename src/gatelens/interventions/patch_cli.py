@@ -1,0 +1,152 @@
+"""``gatelens patch RUN``: activation patching of a run's model (docs/interventions.md).
+
+Clean and corrupted inputs are two texts of the same length (``--clean``, ``--corrupt``),
+or the run's analysis windows (``--windows``, ``--length``, its validation split or
+``--text``) with the character at ``--perturb-pos`` replaced in each (drawn with the run's
+seed, as ``gatelens analyze`` perturbs). Writes OUT/patch.json, patch.png and patch.md
+(OUT: --out, default RUN/patch).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gatelens.errors import GatelensError, positive_int, windows_count
+
+__all__ = ["add_patch", "cmd_patch"]
+
+METRICS = ("kl", "loss", "logit-diff")
+
+
+def add_patch(sub) -> None:
+    """The ``patch`` subcommand's flags."""
+    from gatelens.analysis.settings import DEFAULTS
+
+    p = sub.add_parser("patch", help="activation patching: which state at which position "
+                       "carries the difference between a clean and a corrupted input")
+    p.add_argument("run", help="run directory (from gatelens train)")
+    p.add_argument("--checkpoint", default="best", help="best (default), final or a step")
+    p.add_argument("--clean", metavar="TEXT", help="the clean text (with --corrupt, of the "
+                   "same length); default: the run's windows")
+    p.add_argument("--corrupt", metavar="TEXT", help="the corrupted text")
+    p.add_argument("--text", metavar="FILE", help="without --clean: windows of FILE instead "
+                   "of the run's validation split")
+    p.add_argument("--windows", type=windows_count, default=8,
+                   help="without --clean: B windows (default 8)")
+    p.add_argument("--length", type=positive_int, default=DEFAULTS.length,
+                   help=f"without --clean: characters per window (default {DEFAULTS.length})")
+    p.add_argument("--perturb-pos", type=int, default=DEFAULTS.perturb_pos, dest="perturb_pos",
+                   help="without --clean: the position whose character is replaced "
+                        f"(default {DEFAULTS.perturb_pos})")
+    p.add_argument("--names", metavar="KEYS", help="comma-separated trace keys to sweep "
+                   "(rnn.layer0.c,rnn.layer0.h; k1+k2 patches two together); default: every "
+                   "layer's carried state and h")
+    p.add_argument("--positions", metavar="LIST", help="comma-separated positions or "
+                   "ranges A:B (B excluded); default: every position")
+    p.add_argument("--metric", choices=METRICS, default="kl",
+                   help="kl (default): KL(clean ‖ run) at the last position; loss: the "
+                        "next-character loss on the clean text; logit-diff: logit of "
+                        "--pair's first character minus its second's at the last position")
+    p.add_argument("--pair", metavar="AB", help="logit-diff's two characters")
+    p.add_argument("--no-attribution", action="store_true", dest="no_attribution",
+                   help="skip attribution patching (the gradient estimate)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default RUN/patch)")
+    p.add_argument("--quiet", action="store_true", help="no summary on stderr")
+
+
+def _positions(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    out: list[int] = []
+    for part in spec.split(","):
+        try:
+            if ":" in part:
+                a, b = part.split(":")
+                out += list(range(int(a), int(b)))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise GatelensError(f"--positions {spec!r}: {part!r} is not a position or a "
+                                "range A:B") from None
+    return out
+
+
+def _names(spec: str | None) -> list | None:
+    if spec is None:
+        return None
+    items = [tuple(k.strip() for k in item.split("+")) for item in spec.split(",")]
+    if any(not k for item in items for k in item):
+        raise GatelensError(f"--names {spec!r}: an empty key")
+    return [item[0] if len(item) == 1 else item for item in items]
+
+
+def _metric(args, vocab: list[str]):
+    import gatelens
+
+    if args.metric != "logit-diff":
+        if args.pair is not None:
+            raise GatelensError(f"--pair is for --metric logit-diff, not {args.metric}")
+        return args.metric
+    if args.pair is None or len(args.pair) != 2:
+        raise GatelensError(f"--metric logit-diff needs --pair AB: two characters; got "
+                            f"{args.pair!r}")
+    missing = [c for c in args.pair if c not in vocab]
+    if missing:
+        raise GatelensError(f"--pair: character {missing[0]!r} is not in the model's "
+                            f"vocabulary of {len(vocab)} characters")
+    return gatelens.logit_diff(vocab.index(args.pair[0]), vocab.index(args.pair[1]))
+
+
+def _inputs(args, run) -> tuple:
+    """(clean, corrupt, what the report says of them)."""
+    from gatelens.analysis.perturbation import perturb_windows
+
+    if (args.clean is None) != (args.corrupt is None):
+        raise GatelensError("patch: give --clean and --corrupt together (or neither: the "
+                            "run's windows)")
+    if args.clean is not None:
+        if args.text is not None:
+            raise GatelensError("patch: --text is for the run's windows, not with --clean")
+        if len(args.clean) != len(args.corrupt):
+            raise GatelensError(f"patch: --clean has {len(args.clean)} characters and "
+                                f"--corrupt {len(args.corrupt)}; they must be equally long")
+        return args.clean, args.corrupt, {"clean": args.clean, "corrupt": args.corrupt,
+                                          "source": "--clean / --corrupt"}
+    clean, source = run.windows(args.windows, args.length, args.text)
+    if not 0 <= args.perturb_pos < clean.shape[1]:
+        raise GatelensError(f"--perturb-pos {args.perturb_pos} is outside windows of "
+                            f"{clean.shape[1]} characters (0..{clean.shape[1] - 1})")
+    corrupt = perturb_windows(clean, args.perturb_pos, len(run.vocab), run.seed)
+    return clean, corrupt, {"source": f"{source}, character {args.perturb_pos} replaced",
+                            "perturb_pos": args.perturb_pos}
+
+
+def cmd_patch(args) -> int:
+    """Run the sweep and write its files; prints their paths."""
+    from pathlib import Path
+
+    import gatelens
+    from gatelens.interventions.patch_report import write_patch
+    from gatelens.io import check_out_dir
+    from gatelens.lens.run import load_run
+
+    if not Path(args.run).is_dir():
+        raise GatelensError(f"{args.run}: no such run directory")
+    out = check_out_dir(args.out if args.out is not None else Path(args.run) / "patch")
+    run = load_run(args.run, args.checkpoint)
+    lens = gatelens.Lens(run)
+    metric = _metric(args, list(run.vocab))
+    clean, corrupt, inputs = _inputs(args, run)
+    res = gatelens.patch_sweep(lens, clean, corrupt, _names(args.names),
+                               _positions(args.positions), metric,
+                               attribution=not args.no_attribution)
+    paths = write_patch(res, out, {**inputs, "run": str(args.run), "step": run.step})
+    for p in paths.values():
+        print(p)
+    if not args.quiet:
+        rho = "" if res.spearman is None else f"; attribution Spearman {res.spearman:.3f}"
+        print(f"{len(res.names)} keys x {len(res.positions)} positions, {res.metric}: "
+              f"m(clean) {res.m_clean:.4g}, m(corrupt) {res.m_corrupt:.4g}{rho}",
+              file=sys.stderr)
+    return 0
+
