@@ -29,7 +29,7 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks studies docs/hooks docs/tutorials
+	$(VENV)/bin/ruff check src tests benchmarks studies tools docs/hooks docs/tutorials
 
 test: install browser lint
 	$(PY) -m pytest
@@ -40,6 +40,7 @@ bench: install
 	$(PY) benchmarks/bench_analyze.py
 	$(PY) benchmarks/bench_study.py
 	$(PY) benchmarks/bench_modern.py
+	$(PY) benchmarks/bench_patching.py
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache
