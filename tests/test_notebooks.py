@@ -39,10 +39,10 @@ def agg() -> Path:
         yield tmp
 
 
-def test_there_are_four_tutorials() -> None:
+def test_there_are_five_tutorials() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01_your_model.py", "02_train_and_analyse.py",
                                            "03_models_from_elsewhere.py",
-                                           "04_perturbation_split.py"]
+                                           "04_perturbation_split.py", "05_interventions.py"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -93,6 +93,14 @@ def _check_split(ns: dict, out: Path) -> None:
     assert lstm.half_life_measured > lstm.half_life_forget_only  # the LSTM's return path
 
 
+def _check_interventions(ns: dict, out: Path) -> None:
+    res, cut, st = ns["res"], ns["cut"], ns["st"]
+    assert res.effect.shape == (2, 13) and abs(res.effect[:, :4]).max() < 1e-5
+    assert res.m_clean > res.m_corrupt  # the trained model prefers "l" after "dog"
+    assert cut.max_abs_diff < 1e-5 and cut.pooled.uncut[0] >= cut.pooled.measured[0] * 0.5
+    assert ns["ab"].kl_at_p > 0 and st.kl[0] > 0 and len(st.rise) == 5
+
+
 #: lines each page must show from the run, and how many figures
 SHOWN = {"01_your_model": (["training loss after 120 steps", "(4, 64, 32)\nTrue",
                             "verification: True", "'report.html', 'report.json'",
@@ -101,10 +109,13 @@ SHOWN = {"01_your_model": (["training loss after 120 steps", "(4, 64, 32)\nTrue"
                                    "{0: 0.", ", 75: 0.", ", 150: 0."], 2),
          "03_models_from_elsewhere": (["{'/LSTM': 'LSTM'}", "hf-mamba verified: True",
                                        "'lstm': 'nn.LSTM'"], 0),
-         "04_perturbation_split": (["lstm    measured t½", "mingru  measured t½", ", 0.0)"], 1)}
+         "04_perturbation_split": (["lstm    measured t½", "mingru  measured t½", ", 0.0)"], 1),
+         "05_interventions": (["attribution vs patching: Spearman", "lag   cut run",
+                               "KL at the ablated step", "rise: [("], 1)}
 
 CHECKS = {"01_your_model": _check_your_model, "02_train_and_analyse": _check_train,
-          "03_models_from_elsewhere": _check_elsewhere, "04_perturbation_split": _check_split}
+          "03_models_from_elsewhere": _check_elsewhere, "04_perturbation_split": _check_split,
+          "05_interventions": _check_interventions}
 
 
 def test_cells_and_page() -> None:
