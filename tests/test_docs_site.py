@@ -63,7 +63,8 @@ TUTORIALS = {"01_your_model": "Your own model, opened",
              "02_train_and_analyse": "Train a character LSTM, then read the run",
              "03_models_from_elsewhere": "Models from elsewhere",
              "04_perturbation_split": "How long a changed character stays",
-             "05_interventions": "Reaching in: patch, ablate and steer"}
+             "05_interventions": "Reaching in: patch, ablate and steer",
+             "06_mamba_beside_lstm": "A Mamba beside an LSTM"}
 
 
 def test_tutorials_are_pages_with_their_code(site: Path) -> None:

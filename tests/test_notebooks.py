@@ -39,10 +39,11 @@ def agg() -> Path:
         yield tmp
 
 
-def test_there_are_five_tutorials() -> None:
+def test_there_are_six_tutorials() -> None:
     assert [p.name for p in NOTEBOOKS] == ["01_your_model.py", "02_train_and_analyse.py",
                                            "03_models_from_elsewhere.py",
-                                           "04_perturbation_split.py", "05_interventions.py"]
+                                           "04_perturbation_split.py", "05_interventions.py",
+                                           "06_mamba_beside_lstm.py"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -101,6 +102,14 @@ def _check_interventions(ns: dict, out: Path) -> None:
     assert ns["ab"].kl_at_p > 0 and st.kl[0] > 0 and len(st.rise) == 5
 
 
+def _check_mamba(ns: dict, out: Path) -> None:
+    a = ns["analyses"]
+    assert {n: (x.model["family"], x.units.gate) for n, x in a.items()} == {
+        "lstm": ("lstm", "f"), "hf-mamba": ("hf-mamba", "a")}
+    assert all(x.verification.passed and x.perturbation.half_life_measured > 0
+               for x in a.values())
+
+
 #: lines each page must show from the run, and how many figures
 SHOWN = {"01_your_model": (["training loss after 120 steps", "(4, 64, 32)\nTrue",
                             "verification: True", "'report.html', 'report.json'",
@@ -111,11 +120,13 @@ SHOWN = {"01_your_model": (["training loss after 120 steps", "(4, 64, 32)\nTrue"
                                        "'lstm': 'nn.LSTM'"], 0),
          "04_perturbation_split": (["lstm    measured t½", "mingru  measured t½", ", 0.0)"], 1),
          "05_interventions": (["attribution vs patching: Spearman", "lag   cut run",
-                               "KL at the ablated step", "rise: [("], 1)}
+                               "KL at the ablated step", "rise: [("], 1),
+         "06_mamba_beside_lstm": (["lstm      keep gate 'f'", "hf-mamba  keep gate 'a'",
+                                   "'hf-mamba': ('hf-mamba', 'a', True)"], 1)}
 
 CHECKS = {"01_your_model": _check_your_model, "02_train_and_analyse": _check_train,
           "03_models_from_elsewhere": _check_elsewhere, "04_perturbation_split": _check_split,
-          "05_interventions": _check_interventions}
+          "05_interventions": _check_interventions, "06_mamba_beside_lstm": _check_mamba}
 
 
 def test_cells_and_page() -> None:
