@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -157,7 +158,8 @@ class MambaCell(OfficialFamily):
     def _bcdt(self, mixer: nn.Module, dt: Tensor, B: Tensor, C: Tensor):
         return dt, B, C
 
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=None):
+        edit = edit or (lambda letter, v: v)  # an intervention's edit inside the step
         mix = self.mixers(m)[k]
         Din, N, K = self.d_inner, self.d_state, self.d_conv
         buf, s = parts
@@ -171,10 +173,11 @@ class MambaCell(OfficialFamily):
         rank = mix.dt_proj.weight.shape[1]
         dt, B, C = torch.split(mix.x_proj(xc), [rank, N, N], dim=-1)
         dt, B, C = self._bcdt(mix, dt, B, C)
-        delta = F.softplus(dt @ mix.dt_proj.weight.T + mix.dt_proj.bias)  # (R, Din)
+        delta = edit("delta", F.softplus(dt @ mix.dt_proj.weight.T + mix.dt_proj.bias))
         A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (Din, N): both packages take it in float32
-        a = torch.exp(delta[..., None] * A)  # (R, Din, N)
+        a = edit("a", torch.exp(delta[..., None] * A).reshape(-1, Din * N)).view(-1, Din, N)
         s_new = a * s.view(-1, Din, N) + delta[..., None] * B[:, None, :] * xc[..., None]
+        s_new = edit("s", s_new.reshape(-1, Din * N)).view(-1, Din, N)
         y = (s_new @ C[..., None])[..., 0] + mix.D * xc  # (R, Din)
         y = mix.out_proj(y * F.silu(z))
         new = [window[:, 1:].reshape(-1, (K - 1) * Din), s_new.reshape(-1, Din * N)]
@@ -182,6 +185,13 @@ class MambaCell(OfficialFamily):
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]
+
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0):
+        """Edits inside the hand cell's steps from the first edited position on
+        (families/official_edit.py); the module's own run before it."""
+        from gatelens.families.official_edit import intervene
+
+        return intervene(self, call, plan, output, offset)
 
 
 class HFMambaFamily(MambaCell):
@@ -208,7 +218,11 @@ class HFMambaFamily(MambaCell):
         return hf_check(self, inputs, state)
 
     def _forward(self, call: Call) -> Tensor:
-        return self.module(inputs_embeds=call.inputs, use_cache=False).last_hidden_state
+        return self.own_output(call).last_hidden_state
+
+    def own_output(self, call: Call) -> Any:
+        """What the module returns for the call (a ModelOutput), its cache off."""
+        return self.module(inputs_embeds=call.inputs, use_cache=False)
 
     def _trajectory(self, call: Call) -> dict:
         from transformers import DynamicCache

@@ -105,7 +105,8 @@ class HFMamba2Family(HFMambaFamily):
         return [torch.zeros(batch, (self.d_conv - 1) * self.conv_dim, dtype=torch.float64),
                 torch.zeros(batch, S, dtype=torch.float64)]
 
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=None):
+        edit = edit or (lambda letter, v: v)  # an intervention's edit inside the step
         mix = self.mixers(m)[k]
         NH, P, N, K, G = self.heads, self.head_dim, self.d_state, self.d_conv, mix.n_groups
         inner, cd = mix.intermediate_size, self.conv_dim
@@ -117,15 +118,16 @@ class HFMamba2Family(HFMambaFamily):
             xc = xc + mix.conv1d.bias
         xc = mix.act(xc)
         x, B, C = torch.split(xc, [inner, G * N, G * N], dim=-1)
-        delta = F.softplus(dt + mix.dt_bias)  # (R, NH)
+        delta = edit("delta", F.softplus(dt + mix.dt_bias))  # (R, NH)
         A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (NH,), taken in float32 as HF does
-        a = torch.exp(delta * A)  # (R, NH): the head's keep
+        a = edit("a", torch.exp(delta * A))  # (R, NH): the head's keep
         rep = NH // G
         Bh = B.view(-1, G, N).repeat_interleave(rep, dim=1)  # (R, NH, N)
         Ch = C.view(-1, G, N).repeat_interleave(rep, dim=1)
         xh = x.view(-1, NH, P)
         s_new = a[..., None, None] * s.view(-1, NH, P, N) + (
             delta[..., None, None] * xh[..., None] * Bh[:, :, None, :])  # (R, NH, P, N)
+        s_new = edit("s", s_new.reshape(-1, NH * P * N)).view(-1, NH, P, N)
         y = (s_new @ Ch[..., None])[..., 0] + mix.D[:, None] * xh  # (R, NH, P)
         y = mix.out_proj(mix.norm(y.reshape(-1, inner), gate))
         new = [window[:, 1:].reshape(-1, (K - 1) * cd), s_new.reshape(-1, NH * P * N)]

@@ -26,7 +26,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Family, Readout
 from gatelens.interventions.edits import Edit
 from gatelens.interventions.resolve import Resolved, plan_of, resolve
-from gatelens.readout.hooks import CellCache, open_cells
+from gatelens.readout.hooks import CellCache, family_calls, in_family_call, open_cells
 from gatelens.readout.stitch import is_step_call
 from gatelens.readout.trace import assemble
 
@@ -83,6 +83,7 @@ class _Edited:
     whole: int = 0
     steps: int = 0
     done: list = field(default_factory=list)
+    busy: bool = False  # inside the family's edited call (which may call the module itself)
 
 
 def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
@@ -90,6 +91,8 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
     fam, name = state.fam, state.path or "the model"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        if state.busy or in_family_call():  # a family running the module for its own read
+            return None
         inputs, given = fam.split_call(args, kwargs)
         if is_step_call(fam, inputs):
             offset, length = state.steps, T
@@ -108,8 +111,12 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
         if not any(offset <= t < offset + call.length
                    for layer in plan.layers() for t in plan.positions(layer)):
             return None
-        with faithful_matmul(call.inputs.device):
-            out, sig = fam.intervene(call, plan, output, offset)
+        state.busy = True
+        try:
+            with faithful_matmul(call.inputs.device), family_calls():
+                out, sig = fam.intervene(call, plan, output, offset)
+        finally:
+            state.busy = False
         state.done.append((offset, call, sig))
         return out
 

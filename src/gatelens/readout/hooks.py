@@ -119,6 +119,27 @@ class _Running:
             self.busy = False
 
 
+#: > 0 while a family runs its module for its own purposes (an edited call's reference):
+#: open_cells reads none of those calls
+_QUIET = [0]
+
+
+@contextlib.contextmanager
+def family_calls() -> Iterator[None]:
+    """Calls of recurrent modules inside the block are a family's own, not the model's:
+    ``open_cells`` does not read them (interventions/run.py wraps an edited call in it)."""
+    _QUIET[0] += 1
+    try:
+        yield
+    finally:
+        _QUIET[0] -= 1
+
+
+def in_family_call() -> bool:
+    """Whether a family is running its module for its own purposes now."""
+    return _QUIET[0] > 0
+
+
 def only(tr: Trace, names: Sequence[str] | None) -> Trace:
     """``tr`` holding only the trace names ``names`` keeps (None: all)."""
     if names is None:
@@ -167,14 +188,15 @@ def open_cells(model: nn.Module, layers: Selection = None,
             # always called, also when the forward raised (output None): the count stays true
             running.leave(path)
             if output is None or running.busy or running.inside_opened(path) or \
-                    path not in keep:
+                    path not in keep or _QUIET[0]:
                 return
             inputs, state = fam.split_call(args, kwargs)
             if is_step_call(fam, inputs):
                 stitchers.setdefault(path, Stitcher(fam)).add(inputs, state, output)
                 return
             call = fam.check(inputs, state)
-            with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device):
+            with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device), \
+                    family_calls():
                 packed = call.layout.get("packed") is not None
                 ro = fam.rerun(call) if packed else fam.read(call, fam.reference(call))
                 diff = fam.output_diff(ro, output)
@@ -195,7 +217,8 @@ def open_cells(model: nn.Module, layers: Selection = None,
             fam = st.fam
             for rec in st.result():
                 call = fam.check(rec)
-                with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device):
+                with running.reading(), torch.no_grad(), \
+                        faithful_matmul(call.inputs.device), family_calls():
                     ro = fam.read(call, fam.reference(call))
                     diff = recorded_output_diff(fam, ro, call)
                 cache.traces.setdefault(path, []).append(only(
