@@ -5,6 +5,9 @@ the model's head and the module's OWN forward from the ablated state, computed h
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -15,29 +18,12 @@ from gatelens.errors import GatelensError
 from gatelens.interventions.causal import return_cut, state_ablation
 from gatelens.training.model import CharLM
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared model (importlib mode)
+from edit_models import KINDS, E, H, Net, V  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-V, E, H, B, T, P = 7, 5, 8, 4, 30, 8
-KINDS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
-
-
-class Net(nn.Module):
-    """embedding -> a recurrent stack -> head."""
-
-    def __init__(self, kind: str = "lstm", layers: int = 2, scale: float = 1.0,
-                 seed: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(V, E)
-        self.rnn = KINDS[kind](E, H, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(H, V)
-        with torch.no_grad():
-            for n, p in self.rnn.named_parameters():
-                if n.startswith("weight"):
-                    p.mul_(scale)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.head(self.rnn(self.embed(ids))[0])
+B, T, P = 4, 30, 8
 
 
 def ids_of(seed: int = 1) -> Tensor:

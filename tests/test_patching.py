@@ -6,6 +6,9 @@ GatelensError."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,29 +20,12 @@ from gatelens.interventions.metrics import metric_of, metric_value
 from gatelens.interventions.patching import state_keys
 from gatelens.lens.lens import output_logits
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared model (importlib mode)
+from edit_models import E, H, Net, V  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-V, E, H, B, T, P = 7, 5, 8, 2, 12, 8  # P: the one position where clean and corrupt differ
-KINDS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
-
-
-class Net(nn.Module):
-    """embedding -> a recurrent stack ``rnn`` -> head."""
-
-    def __init__(self, kind: str = "lstm", layers: int = 1, scale: float = 1.0,
-                 seed: int = 0) -> None:
-        super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(V, E)
-        self.rnn = KINDS[kind](E, H, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(H, V)
-        with torch.no_grad():
-            for n, p in self.rnn.named_parameters():
-                if n.startswith("weight"):
-                    p.mul_(scale)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.head(self.rnn(self.embed(ids))[0])
+B, T, P = 2, 12, 8  # P: the one position where clean and corrupt differ
 
 
 def pair(seed: int = 1) -> tuple[Tensor, Tensor]:

@@ -5,6 +5,9 @@ against a hand mean."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -13,26 +16,13 @@ import gatelens
 from gatelens.errors import GatelensError
 from gatelens.interventions.steering import contrastive_vector, steer
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared model (importlib mode)
+from edit_models import H, Net, V  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-V, E, H, B, T = 7, 5, 8, 3, 16
+B, T = 3, 16
 CHARS = "abcdefg"
-
-
-class Net(nn.Module):
-    def __init__(self, kind=nn.LSTM, scale: float = 1.0) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(V, E)
-        self.rnn = kind(E, H, num_layers=2, batch_first=True)
-        self.head = nn.Linear(H, V)
-        with torch.no_grad():
-            for n, p in self.rnn.named_parameters():
-                if n.startswith("weight"):
-                    p.mul_(scale)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.head(self.rnn(self.embed(ids))[0])
 
 
 def ids_of(seed: int = 1, n: int = B, length: int = T) -> Tensor:
