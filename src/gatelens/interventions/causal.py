@@ -28,6 +28,7 @@ which analyze's ``causal`` section shares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,6 +50,7 @@ from gatelens.interventions.edits import Patch, Set
 from gatelens.readout.trace_types import Trace
 
 if TYPE_CHECKING:
+    from gatelens.families.base import Family
     from gatelens.lens.lens import Lens
 
 __all__ = ["ReturnCut", "StateAblation", "return_cut", "state_ablation"]
@@ -101,24 +103,35 @@ def perturbed_ids(lens: Lens, ids: Tensor, p: int, seed: int = 0) -> Tensor:
         raise GatelensError(f"return_cut: {e}") from None
 
 
+def _setup(lens: Lens, ids: Tensor, p: int, path: str | None, what: str,
+           found: Callable[[Family], tuple[str, ...] | None], lacks: str
+           ) -> tuple[Tensor, str, Family, tuple[str, ...]]:
+    """What ``return_cut`` and ``state_ablation`` both check first: ids (B, T), the module
+    (default: the model's only one), the letters ``found`` gives its family (None: it
+    ``lacks`` them, one line), and p inside the windows."""
+    ids = lens.windows(ids, 1, 1)[0] if isinstance(ids, Tensor) else ids
+    if not isinstance(ids, Tensor):
+        raise GatelensError(f"{what} takes ids (B, T) int64; got {type(ids).__name__}")
+    path = module_path(lens, path)
+    fam = lens.families[path]
+    letters = found(fam)
+    if letters is None:
+        raise GatelensError(f"{what}: the {fam.spec.name} cell of {path or 'the model'} "
+                            f"({fam.name}) has {lacks}")
+    _check_position(p, int(ids.shape[1]), what)
+    return ids, path, fam, letters
+
+
 def return_cut(lens: Lens, ids: Tensor, p: int, *, perturbed: Tensor | None = None,
                path: str | None = None, seed: int = 0,
                lags: tuple[int, ...] = LAGS) -> ReturnCut:
     """The return path cut of the module at ``path`` (default: the model's only one) on
     ids (B, T), the unit at p changed (``perturbed``: the changed ids; default drawn as
     analyze draws them, with ``seed``)."""
-    ids = lens.windows(ids, 1, 1)[0] if isinstance(ids, Tensor) else ids
-    if not isinstance(ids, Tensor):
-        raise GatelensError(f"return_cut takes ids (B, T) int64; got {type(ids).__name__}")
-    path = module_path(lens, path)
-    fam = lens.families[path]
-    letters = cuts(fam)
-    if letters is None:
-        raise GatelensError(f"return_cut: the {fam.spec.name} cell of {path or 'the model'} "
-                            f"({fam.name}) has no return path gatelens can cut (one "
-                            "direction of a cell whose spec names its return_path)")
+    ids, path, fam, letters = _setup(lens, ids, p, path, "return_cut", cuts,
+                                     "no return path gatelens can cut (one direction of a "
+                                     "cell whose spec names its return_path)")
     T = int(ids.shape[1])
-    _check_position(p, T, "return_cut")
     if perturbed is None:
         perturbed = perturbed_ids(lens, ids, p, seed)
     elif not isinstance(perturbed, Tensor) or perturbed.shape != ids.shape:
@@ -140,19 +153,10 @@ def state_ablation(lens: Lens, ids: Tensor, p: int, *, path: str | None = None,
     next-unit distributions by lag."""
     from gatelens.lens.lens import output_logits
 
-    ids = lens.windows(ids, 1, 1)[0] if isinstance(ids, Tensor) else ids
-    if not isinstance(ids, Tensor):
-        raise GatelensError(f"state_ablation takes ids (B, T) int64; got "
-                            f"{type(ids).__name__}")
-    path = module_path(lens, path)
-    fam = lens.families[path]
-    parts = ablates(fam)
-    if parts is None:
-        raise GatelensError(f"state_ablation: the {fam.spec.name} cell of {path or 'the model'}"
-                            f" ({fam.name}) has no carried state gatelens ablates (one "
-                            "direction of a cell whose spec names what it carries)")
+    ids, path, fam, parts = _setup(lens, ids, p, path, "state_ablation", ablates,
+                                   "no carried state gatelens ablates (one direction of a "
+                                   "cell whose spec names what it carries)")
     T = int(ids.shape[1])
-    _check_position(p, T, "state_ablation")
     plain = lens.run(ids)
     if over is not None:
         if not isinstance(over, Tensor) or over.ndim != 2 or over.shape[1] <= p:
