@@ -83,7 +83,6 @@ class _Edited:
     whole: int = 0
     steps: int = 0
     done: list = field(default_factory=list)
-    busy: bool = False  # inside the family's edited call (which may call the module itself)
 
 
 def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
@@ -91,7 +90,7 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
     fam, name = state.fam, state.path or "the model"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        if state.busy or in_family_call():  # a family running the module for its own read
+        if in_family_call():  # a family running the module itself (its reference, its read)
             return None
         inputs, given = fam.split_call(args, kwargs)
         if is_step_call(fam, inputs):
@@ -111,12 +110,8 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
         if not any(offset <= t < offset + call.length
                    for layer in plan.layers() for t in plan.positions(layer)):
             return None
-        state.busy = True
-        try:
-            with faithful_matmul(call.inputs.device), family_calls():
-                out, sig = fam.intervene(call, plan, output, offset)
-        finally:
-            state.busy = False
+        with faithful_matmul(call.inputs.device), family_calls():
+            out, sig = fam.intervene(call, plan, output, offset)
         state.done.append((offset, call, sig))
         return out
 
