@@ -353,3 +353,57 @@ def test_a_cache_is_refused_in_one_line():
         fam.check(inputs, state)
     with pytest.raises(GatelensError, match="inputs must be a float tensor"):
         fam.check(torch.zeros(B, T, dtype=torch.long))
+
+
+# ---- the trainable stack (--cell hf-rglru) ----------------------------------------------
+def _stack():
+    from gatelens.families.hf_rglru import RGLRU_RECIPE
+
+    torch.manual_seed(0)
+    return RGLRU_RECIPE.build(D, 32, 2, settings=RGLRU_RECIPE.settings)
+
+
+def test_the_stack_is_the_packages_own_model_without_its_embedding():
+    stack = _stack()
+    model = transformers.RecurrentGemmaModel(transformers.RecurrentGemmaConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=96, conv1d_width=4, block_types=("recurrent",), use_cache=False))
+    model.layers, model.final_norm = stack.layers, stack.final_norm
+    x = torch.randn(B, 10, 32)
+    with torch.no_grad():  # the package's model, fed x as its scaled embedding (√d · e)
+        want = model(inputs_embeds=x / model.normalizer.to(x.dtype)).last_hidden_state
+        assert torch.allclose(stack(x), want, atol=1e-6)
+    for layer in stack.layers:  # the package's own init: exp(−2 softplus(Λ')) ~ U(0.81, 0.998)
+        u = torch.exp(-2 * F.softplus(layer.temporal_block.rg_lru.recurrent_param.detach()))
+        assert float(u.min()) >= 0.81 and float(u.max()) <= 0.999
+
+
+def test_the_stack_is_one_family_of_its_blocks_and_passes_the_one_step_check():
+    stack = _stack()
+    model = torch.nn.Sequential(torch.nn.Embedding(V, 32), stack, torch.nn.Linear(32, V))
+    lens = gatelens.Lens(model, vocab=VOCAB)
+    ((path, fam),) = lens.families.items()  # its blocks are part of it, not opened again
+    assert path == "1" and fam.num_layers == 2 and fam.hidden_size == 32
+    call = fam.check(torch.randn(B, 12, 32))
+    ref = fam.reference(call)
+    rows = fam.one_step(call, ref)  # the norms, residuals, MLPs and final norm are links
+    assert len(rows) == 2 and max(r.max_scaled_diff_h for r in rows) < 1e-5
+    assert ref.extra["step_vs_forward"][1] < 1e-5
+    # the free-running float64 stack stays on the package's own decode path
+    free = fam.rerun(call).signals["layer1.s"]
+    assert float((free - ref.states["layer1.s"]).abs().max()) < 1e-5
+    with torch.no_grad():
+        fam.float64().final_norm.weight.add_(1e-3)  # the final norm off ((1 + w), w = 0)
+    assert fam.one_step(call, ref)[1].max_scaled_diff_h > 1e-5
+    with torch.no_grad():
+        fam.float64().final_norm.weight.sub_(1e-3)
+        fam.float64().layers[1].mlp_block.down_proj.weight.mul_(1.001)  # the top MLP off
+    assert fam.one_step(call, ref)[1].max_scaled_diff_h > 1e-5
+
+
+def test_the_recipe_refuses_a_width_its_heads_do_not_fill():
+    from gatelens.training.config import TrainConfig
+
+    with pytest.raises(GatelensError, match="--hidden 24 must be a multiple of 16"):
+        TrainConfig(cell="hf-rglru", hidden=24).validate()
+    TrainConfig(cell="hf-rglru", hidden=32, layers=2).validate()

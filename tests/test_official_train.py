@@ -37,7 +37,8 @@ SIZES = {"xlstm-slstm": {"hidden": 8, "heads": 2, "layers": 2},
          "mingru-pytorch": {"hidden": 8, "layers": 2}, "hf-mamba": {"hidden": 8, "layers": 2},
          "hf-mamba2": {"hidden": 8, "layers": 2}, "hf-rwkv": {"hidden": 8, "layers": 2},
          "mambapy": {"hidden": 8, "layers": 2},
-         "hf-gated-deltanet": {"hidden": 16, "layers": 2}}
+         "hf-gated-deltanet": {"hidden": 16, "layers": 2},
+         "hf-rglru": {"hidden": 16, "layers": 2}}
 SMALL = {"steps": 4, "seq": 16, "batch": 4, "eval_every": 2, "val_windows": 2}
 #: where each package's module keeps a tensor of its recurrence (its own name, under rnn.)
 OWN_NAME = {"xlstm-slstm": "rnn.blocks.0.xlstm.slstm_cell._recurrent_kernel_",
@@ -45,7 +46,8 @@ OWN_NAME = {"xlstm-slstm": "rnn.blocks.0.xlstm.slstm_cell._recurrent_kernel_",
             "mingru-pytorch": "rnn.layers.0.2.to_hidden_and_gate.weight",
             "hf-mamba": "rnn.layers.1.mixer.A_log", "hf-mamba2": "rnn.layers.0.mixer.A_log",
             "hf-rwkv": "rnn.blocks.1.attention.time_decay", "mambapy": "rnn.layers.1.mixer.A_log",
-            "hf-gated-deltanet": "rnn.layers.1.A_log"}
+            "hf-gated-deltanet": "rnn.layers.1.A_log",
+            "hf-rglru": "rnn.layers.1.temporal_block.rg_lru.recurrent_param"}
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_parameter_count_is_the_built_modules(cell):
         block = model_config(cfg)
         h = matched_hidden(block, target, 30)
         step = {"xlstm-slstm": 2, "xlstm-mlstm": 2, "hf-mamba2": 8,
-                "hf-gated-deltanet": 16}.get(cell, 1)
+                "hf-gated-deltanet": 16, "hf-rglru": 16}.get(cell, 1)
         assert h % step == 0
         gaps = [abs(parameter_count({**block, "hidden": k}, 30) - target)
                 for k in (h - step, h, h + step) if k > 0]

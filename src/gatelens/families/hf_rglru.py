@@ -18,6 +18,10 @@ RG-LRU's state, which the package keeps in float32 whatever the model's dtype), 
 its whole-sequence forward (``step_vs_forward``). The input enters s through the
 convolution's window of conv1d_width positions.
 
+``--cell hf-rglru`` trains an ``RGLRUStack``: the package's own recurrent residual blocks
+(no local attention) and its final norm; the family opens it as one stack, its blocks and
+final norm checked link by link, as the Mamba and Gated DeltaNet stacks are.
+
 >>> import torch
 >>> from transformers import RecurrentGemmaConfig, RecurrentGemmaModel
 >>> cfg = RecurrentGemmaConfig(vocab_size=7, hidden_size=8, intermediate_size=16,
@@ -43,6 +47,7 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Reference
 from gatelens.families.official import OfficialFamily, Recorder, buffer_units
+from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _HF = "transformers.models.recurrent_gemma.modeling_recurrent_gemma"
@@ -58,6 +63,50 @@ RGLRU = CellSpec(
     bounds={"r": SIGMOID, "i": SIGMOID, "a": SIGMOID, "write": SIGMOID},
     display={"a": "keep σ(Λ)^(8r) per channel", "r": "recurrence gate r",
              "i": "input gate i", "write": "write √(1 − a²)·i", "x": "written x̂ (conv)"})
+
+
+class RGLRUStack(nn.Module):
+    """What ``--cell hf-rglru`` trains: ``layers`` of RecurrentGemma's own recurrent residual
+    blocks (RG-LRU temporal block, then its MLP; all recurrent, no local attention), then
+    its final RMSNorm, taken from a ``RecurrentGemmaModel`` so that the package's own
+    initialisation sets them (its recurrent parameters are uninitialised otherwise); the
+    embedding is the language model's. (B, T, d) in, (B, T, d) out, from position 0."""
+
+    def __init__(self, hidden: int, layers: int, settings: dict) -> None:
+        super().__init__()
+        import transformers
+
+        cfg = transformers.RecurrentGemmaConfig(
+            vocab_size=2, hidden_size=hidden, num_hidden_layers=layers,
+            num_attention_heads=hidden // settings["head_width"],
+            intermediate_size=settings["mlp_ratio"] * hidden,
+            conv1d_width=settings["conv_width"], block_types=("recurrent",),
+            use_cache=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        model = transformers.RecurrentGemmaModel(cfg)
+        self.layers = model.layers
+        self.final_norm = model.final_norm
+
+    def forward(self, x: Tensor) -> Tensor:
+        pos = torch.arange(x.shape[1], device=x.device)[None]
+        for layer in self.layers:
+            x = layer(x, pos, None, False)
+        return self.final_norm(x)
+
+
+#: ``--cell hf-rglru``: block-diagonal gates of 16 channels a head, conv 4, the MLP's
+#: intermediate 3 × hidden (the package halves it: gate and up of 1.5 × hidden)
+_SETTINGS = {"head_width": 16, "conv_width": 4, "mlp_ratio": 3}
+
+
+def _build(n_in: int, hidden: int, layers: int, *, settings: dict, **_: object) -> nn.Module:
+    return RGLRUStack(hidden, layers, settings)
+
+
+RGLRU_RECIPE = Recipe(
+    "hf-rglru", "RecurrentGemma's recurrent residual blocks (RG-LRU and MLP; transformers)",
+    _build, reads="embedded", flags=frozenset(), package=("transformers", "transformers"),
+    settings=_SETTINGS, multiple=lambda heads: _SETTINGS["head_width"],
+    keep_words="RG-LRU σ(Λ)^(8r)")
 
 
 def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
@@ -76,11 +125,14 @@ class HFRGLRUFamily(OfficialFamily):
                   "RecurrentGemmaDecoderLayer with a recurrent temporal block)")
     cell_name = "rglru"
     specs = (RGLRU,)
+    recipe = RGLRU_RECIPE
     units_name = "channel"
     uses_aux = True  # the reset at position 0, from the trajectory
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
+        if type(module) is RGLRUStack:
+            return True
         if type(module).__module__ != _HF or type(module).__name__ != \
                 "RecurrentGemmaDecoderLayer":
             return False
@@ -89,12 +141,20 @@ class HFRGLRUFamily(OfficialFamily):
 
     # ---- facts ---------------------------------------------------------------------
     @property
-    def _block(self) -> nn.Module:
-        return self.module.temporal_block
+    def _stack(self) -> bool:
+        return isinstance(self.module, RGLRUStack)
+
+    def layers(self, m: nn.Module) -> list[nn.Module]:
+        """The recurrent residual blocks of ``m`` (the module or its float64 copy)."""
+        return list(m.layers) if isinstance(m, RGLRUStack) else [m]
+
+    @property
+    def _block(self) -> nn.Module:  # every block has the same shape
+        return self.layers(self.module)[0].temporal_block
 
     @property
     def num_layers(self) -> int:
-        return 1
+        return len(self.layers(self.module))
 
     @property
     def width(self) -> int:
@@ -110,9 +170,10 @@ class HFRGLRUFamily(OfficialFamily):
 
     def describe(self) -> dict:
         lru = self._block.rg_lru
+        where = {"layers": self.num_layers} if self._stack else {
+            "block": "recurrent (RG-LRU); attention blocks are not opened"}
         return {**super().describe(), "heads": int(lru.num_attention_heads),
-                "conv_width": self.d_conv,
-                "block": "recurrent (RG-LRU); attention blocks are not opened"}
+                "conv_width": self.d_conv, **where}
 
     def state_units(self, k: int) -> Tensor:
         return torch.arange(self.width)
@@ -130,6 +191,8 @@ class HFRGLRUFamily(OfficialFamily):
     # ---- a call ------------------------------------------------------------------
     def split_call(self, args: tuple, kwargs: dict):
         """(activations, None), or the position ids where they are not 0 … T − 1."""
+        if self._stack:
+            return OfficialFamily.split_call(self, args, kwargs)
         inputs = args[0] if args else kwargs.get("activations")
         pos = args[1] if len(args) > 1 else kwargs.get("position_ids")
         cache = args[4] if len(args) > 4 else kwargs.get("past_key_values")
@@ -151,6 +214,8 @@ class HFRGLRUFamily(OfficialFamily):
 
     # ---- the module's own computation ------------------------------------------------
     def _forward(self, call: Call) -> Tensor:
+        if self._stack:
+            return self.module(call.inputs)
         block = self._block
         pos = torch.arange(call.length, device=call.inputs.device)[None]
         saved = (block.conv1d_state, block.rg_lru.recurrent_states)
@@ -160,33 +225,44 @@ class HFRGLRUFamily(OfficialFamily):
             block.conv1d_state, block.rg_lru.recurrent_states = saved
 
     def _trajectory(self, call: Call) -> dict:
-        block, B, T = self._block, call.batch, call.length
+        layers, B, T = self.layers(self.module), call.batch, call.length
         W, K, x = self.width, self.d_conv, call.inputs
-        saved = (block.conv1d_state, block.rg_lru.recurrent_states)
-        # the package's own cache, zeros of its shapes (its own set-up sizes the conv's
-        # buffer by hidden_size, which is lru_width in every released model)
-        block.conv1d_state = x.new_zeros(B, W, K - 1)
-        block.rg_lru.recurrent_states = torch.zeros(B, W, dtype=torch.float32, device=x.device)
-        states, convs, outs = [], [], []
+        blocks = [layer.temporal_block for layer in layers]
+        saved = [(b.conv1d_state, b.rg_lru.recurrent_states) for b in blocks]
+        for b in blocks:  # the package's own cache, zeros of its shapes (its own set-up
+            # sizes the conv's buffer by hidden_size, which is lru_width in every release)
+            b.conv1d_state = x.new_zeros(B, W, K - 1)
+            b.rg_lru.recurrent_states = torch.zeros(B, W, dtype=torch.float32, device=x.device)
+        L = len(layers)
+        ins, outs = [[] for _ in range(L)], [[] for _ in range(L)]
+        states, convs = [[] for _ in range(L)], [[] for _ in range(L)]
         try:
-            with Recorder({"block": block}) as rec:
+            with Recorder({str(k): b for k, b in enumerate(blocks)}) as rec:
                 for t in range(T):
                     pos = torch.full((B, 1), t, dtype=torch.long, device=x.device)
-                    outs.append(self.module(x[:, t : t + 1], pos, None, True))
-                    states.append(block.rg_lru.recurrent_states[:, None].clone())
-                    convs.append(block.conv1d_state.transpose(1, 2).reshape(B, 1, -1).clone())
+                    h = x[:, t : t + 1]
+                    for k, (layer, b) in enumerate(zip(layers, blocks, strict=True)):
+                        ins[k].append(h)
+                        h = layer(h, pos, None, True)
+                        outs[k].append(h)
+                        states[k].append(b.rg_lru.recurrent_states[:, None].clone())
+                        convs[k].append(b.conv1d_state.transpose(1, 2).reshape(B, 1, -1).clone())
         finally:
-            block.conv1d_state, block.rg_lru.recurrent_states = saved
-        output = torch.cat(outs, dim=1)
+            for b, (conv, state) in zip(blocks, saved, strict=True):
+                b.conv1d_state, b.rg_lru.recurrent_states = conv, state
+        xo = [torch.cat(o, dim=1) for o in outs]
+        output = self.module.final_norm(xo[-1]) if self._stack else xo[-1]
         reset = torch.zeros(B, T, 1, dtype=x.dtype, device=x.device)
         reset[:, 0] = 1.0
-        return {"x": [x], "u": [rec.stacked("block")], "y": [rec.stacked("block", outputs=True)],
-                "xo": [output], "parts": [[torch.cat(convs, 1), torch.cat(states, 1)]],
-                "aux": [reset], "output": output}
+        return {"x": [torch.cat(i, dim=1) for i in ins],
+                "u": [rec.stacked(str(k)) for k in range(L)],
+                "y": [rec.stacked(str(k), outputs=True) for k in range(L)], "xo": xo,
+                "parts": [[torch.cat(convs[k], 1), torch.cat(states[k], 1)] for k in range(L)],
+                "aux": [reset] * L, "output": output}
 
     # ---- the hand cell ------------------------------------------------------------
     def step_cell(self, k, m, u, parts, aux):
-        block = m.temporal_block
+        block = self.layers(m)[k].temporal_block
         lru = block.rg_lru
         W, K, NH = self.width, self.d_conv, int(lru.num_attention_heads)
         buf, s = parts
@@ -218,17 +294,21 @@ class HFRGLRUFamily(OfficialFamily):
         return parts[1]
 
     def pre(self, k, m, x):
-        return rms_norm(m.temporal_pre_norm, x)
+        return rms_norm(self.layers(m)[k].temporal_pre_norm, x)
 
     def post(self, k, m, x, y):
+        layer = self.layers(m)[k]
         res = x + y
-        return res + m.mlp_block(rms_norm(m.channel_pre_norm, res))
+        return res + layer.mlp_block(rms_norm(layer.channel_pre_norm, res))
+
+    def final(self, m, x):
+        return rms_norm(m.final_norm, x) if isinstance(m, RGLRUStack) else x
 
     # ---- the dynamics: from after position 0 (the reset), where no step resets ---------
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         plain = Reference(states=ref.states, inputs=ref.inputs, initial=ref.initial,
                           output=ref.output, final=ref.final,
-                          extra={**ref.extra, "aux": [None]})
+                          extra={**ref.extra, "aux": [None] * self.num_layers})
         (dyn,) = super().dynamics(call, plain)
         return [replace(dyn, initial=[p[:, 0] for p in dyn.trajectory],
                         order=list(range(1, call.length)), offset=1)]
