@@ -71,7 +71,7 @@ SECTIONS = ("grid", "train", "analysis")
 STUDY_ANALYSIS = {"exponents": 0, "memory_windows": 0}
 ANALYSIS_DEFAULTS = {k: DEFAULTS.to_dict()[k] for k in ("windows", "length", "perturb_pos")}
 PRESETS = ("dynamics", "forget-bias", "cells", "long-memory", "modern", "barely-moved",
-           "modern-official")
+           "modern-official", "modern-2026")
 _FIELD_TYPES = {f.name: str(f.type).split("|")[0].strip() for f in fields(TrainConfig)}
 TRAIN_KEYS = (*_FIELD_TYPES, "init")
 
