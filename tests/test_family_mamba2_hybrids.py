@@ -339,6 +339,54 @@ def test_analyze_measures_each_bamba_mixer():
         assert rep["lyapunov"] is not None and rep["perturbation"]["n"] == 2
 
 
+# ---- edits (Lens.run) ---------------------------------------------------------------------
+def _bamba_mixer_on_top() -> torch.nn.Module:
+    """An attention layer, then one Mamba-2 layer (transformers 5.23's Bamba cannot decode
+    with a cache that holds no attention layer)."""
+    torch.manual_seed(0)
+    return _spread(transformers.BambaForCausalLM(transformers.BambaConfig(
+        vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
+        attn_layer_indices=[0], **ATTN, **MAMBA)))
+
+
+def test_an_edit_before_is_bitwise_and_a_state_set_to_itself_changes_nothing():
+    model, ids = build("bamba"), _ids()
+    lens, key = gatelens.Lens(model, vocab=VOCAB), "model.layers.2.mamba.layer0.s"
+    with torch.no_grad():
+        own = model(ids, use_cache=False).logits
+    s = lens.run(ids).trace[key]
+    res = lens.run(ids, edits=[gatelens.Set(key, s[:, 5], at=5)])
+    assert torch.equal(res.output.logits[:, :5], own[:, :5])
+    assert (res.output.logits - own).abs().max() < 1e-5
+    moved = lens.run(ids, edits=[gatelens.Scale(key, 2.0, at=5)]).output.logits
+    assert (moved[:, 6:] - own[:, 6:]).abs().max() > 1e-4
+
+
+def test_a_state_edit_is_the_models_own_decode_from_the_edited_state():
+    """Zero the mixer's state after token t: the whole model's own cached decode, its
+    cache's state zeroed after token t, gives the same later logits (the mixer in the top
+    layer: a layer above would read position t's edited output, which the cache's edit
+    cannot give)."""
+    model, ids, t = _bamba_mixer_on_top(), _ids(), 5
+    res = gatelens.Lens(model, vocab=VOCAB).run(
+        ids, edits=[gatelens.Zero("model.layers.1.mamba.layer0.s", at=t)])
+    cache, got = None, []
+    with torch.no_grad():
+        for j in range(T):
+            out = model(ids[:, j : j + 1], past_key_values=cache, use_cache=True,
+                        position_ids=torch.full((B, 1), j))
+            cache = out.past_key_values
+            got.append(out.logits)
+            if j == t:
+                cache.layers[1].recurrent_states[0].zero_()
+        own = model(ids, use_cache=False).logits
+    ref = torch.cat(got, dim=1)
+    assert torch.equal(res.output.logits[:, :t], own[:, :t])
+    later = (res.output.logits[:, t + 1:] - ref[:, t + 1:]).abs().max()
+    moved = (own[:, t + 1:] - ref[:, t + 1:]).abs().max()
+    assert later < 1e-5 < moved, (later, moved)
+
+
 # ---- refusals ------------------------------------------------------------------------------
 def test_a_cache_or_a_padding_mask_is_refused_in_one_line_naming_the_layer():
     mix = build("bamba").model.layers[2].mamba

@@ -44,6 +44,8 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -207,12 +209,23 @@ class HFMamba2MixerFamily(OfficialFamily):
         return ref
 
     # ---- the hand cell ---------------------------------------------------------------
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=None):
         if not hasattr(m, "mup_vector"):
-            return mamba2_step(m, m.in_proj(u), parts)
+            return mamba2_step(m, m.in_proj(u), parts, edit)
         zxbcdt = m.in_proj(u * m.ssm_in_multiplier) * m.mup_vector.reshape(-1)
         gated = None if m.mamba_rms_norm else (lambda y, g: y * F.silu(g))
-        return mamba2_step(m, zxbcdt, parts, gated=gated)
+        return mamba2_step(m, zxbcdt, parts, edit, gated=gated)
+
+    def own_output(self, call: Call) -> Tensor:
+        """What the mixer returns for the call, with no cache."""
+        return self._forward(call)
+
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0):
+        """Edits inside the hand cell's steps from the first edited position on
+        (families/official_edit.py); the mixer's own run before it."""
+        from gatelens.families.official_edit import intervene
+
+        return intervene(self, call, plan, output, offset)
 
     def pre(self, k, m, x):
         return x
