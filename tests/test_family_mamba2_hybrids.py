@@ -52,8 +52,8 @@ def _bamba():
 
 def _zamba2():
     return transformers.Zamba2ForCausalLM(transformers.Zamba2Config(
-        vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
-        layers_block_type=["mamba", "hybrid"], mamba_d_state=4, mamba_d_conv=3,
+        vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=3,
+        layers_block_type=["mamba", "hybrid", "hybrid"], mamba_d_state=4, mamba_d_conv=3,
         mamba_expand=2, mamba_ngroups=2, n_mamba_heads=4, chunk_size=4, num_mem_blocks=1,
         num_attention_heads=2))
 
@@ -85,8 +85,9 @@ def _nemotron_h():
 #: each model, its mixers' paths (index in the whole stack) and class
 MODELS = {
     "bamba": (_bamba, ["model.layers.0.mamba", "model.layers.2.mamba"], "BambaMixer"),
-    "zamba2": (_zamba2, ["model.layers.0.mamba", "model.layers.1.mamba_decoder.mamba"],
-               "Zamba2MambaMixer"),
+    # its two hybrid layers call one shared transformer block (one set of weights)
+    "zamba2": (_zamba2, ["model.layers.0.mamba", "model.layers.1.mamba_decoder.mamba",
+                         "model.layers.2.mamba_decoder.mamba"], "Zamba2MambaMixer"),
     "falcon_h1": (_falcon_h1, ["model.layers.0.mamba", "model.layers.1.mamba"],
                   "FalconH1Mixer"),
     "granitemoehybrid": (_granite, ["model.layers.0.mamba"], "GraniteMoeHybridMambaLayer"),
@@ -216,6 +217,9 @@ def test_lens_opens_only_the_mamba2_mixers_by_their_index(kind):
             (4, "head", 4, 2)
         assert "not recurrences" in info["left_alone"]
         assert fam.names() == ["layer0.delta", "layer0.a", "layer0.s", "layer0.y"]
+    if kind == "zamba2":  # the shared block is one module, called from both hybrid layers
+        blocks = [layer.shared_transformer for layer in model.model.layers[1:]]
+        assert blocks[0].self_attn.q_proj.weight is blocks[1].self_attn.q_proj.weight
     ids = _ids()
     with torch.no_grad():
         expected = model(ids, use_cache=False).logits
