@@ -80,6 +80,28 @@ class Gemma(nn.Module):
         return self.lm(ids).logits
 
 
+class Bamba(nn.Module):
+    """A small BambaForCausalLM (a Mamba-2 layer, then an attention layer); its mixer reads
+    the first layer's RMSNorm of the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.BambaForCausalLM(transformers.BambaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_hidden_layers=2, attn_layer_indices=[1], num_attention_heads=2,
+            num_key_value_heads=1, mamba_n_heads=2, mamba_d_head=HIDDEN, mamba_d_state=4,
+            mamba_d_conv=3, mamba_chunk_size=4))
+
+    def features(self, ids: Tensor) -> Tensor:
+        m = self.lm.model
+        return m.layers[0].input_layernorm(m.embed_tokens(ids))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids, use_cache=False).logits
+
+
 #: the families that have no recipe: (the model, the path of the module in it)
 NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "lstm_cell": lambda: (Loop(nn.LSTMCell(4, HIDDEN)), "cell"),
@@ -88,6 +110,7 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "variant_lstm": lambda: (Whole(VariantLSTM(4, HIDDEN, peepholes=True)), "rnn"),
     "variant_gru": lambda: (Whole(VariantGRU(4, HIDDEN, reset_after=False)), "rnn"),
     "hf-rglru": lambda: (Gemma(), "lm.model.layers.0"),
+    "hf-mamba2-mixer": lambda: (Bamba(), "lm.model.layers.0.mamba"),
 }
 
 

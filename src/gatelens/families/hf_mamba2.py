@@ -106,29 +106,39 @@ class HFMamba2Family(HFMambaFamily):
                 torch.zeros(batch, S, dtype=torch.float64)]
 
     def step_cell(self, k, m, u, parts, aux, edit=None):
-        edit = edit or (lambda letter, v: v)  # an intervention's edit inside the step
         mix = self.mixers(m)[k]
-        NH, P, N, K, G = self.heads, self.head_dim, self.d_state, self.d_conv, mix.n_groups
-        inner, cd = mix.intermediate_size, self.conv_dim
-        buf, s = parts
-        gate, xbc, dt = mix.in_proj(u).split([inner, cd, NH], dim=-1)
-        window = torch.cat([buf.view(-1, K - 1, cd), xbc[:, None]], dim=1)  # (R, K, conv_dim)
-        xc = (window * mix.conv1d.weight[:, 0].T).sum(dim=1)
-        if mix.conv1d.bias is not None:
-            xc = xc + mix.conv1d.bias
-        xc = mix.act(xc)
-        x, B, C = torch.split(xc, [inner, G * N, G * N], dim=-1)
-        delta = edit("delta", F.softplus(dt + mix.dt_bias))  # (R, NH)
-        A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (NH,), taken in float32 as HF does
-        a = edit("a", torch.exp(delta * A))  # (R, NH): the head's keep
-        rep = NH // G
-        Bh = B.view(-1, G, N).repeat_interleave(rep, dim=1)  # (R, NH, N)
-        Ch = C.view(-1, G, N).repeat_interleave(rep, dim=1)
-        xh = x.view(-1, NH, P)
-        s_new = a[..., None, None] * s.view(-1, NH, P, N) + (
-            delta[..., None, None] * xh[..., None] * Bh[:, :, None, :])  # (R, NH, P, N)
-        s_new = edit("s", s_new.reshape(-1, NH * P * N)).view(-1, NH, P, N)
-        y = (s_new @ Ch[..., None])[..., 0] + mix.D[:, None] * xh  # (R, NH, P)
-        y = mix.out_proj(mix.norm(y.reshape(-1, inner), gate))
-        new = [window[:, 1:].reshape(-1, (K - 1) * cd), s_new.reshape(-1, NH * P * N)]
-        return {"delta": delta, "a": a}, new, y
+        return mamba2_step(mix, mix.in_proj(u), parts, edit)
+
+
+def mamba2_step(mix: nn.Module, zxbcdt: Tensor, parts: list[Tensor], edit=None,
+                gated=None) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
+    """One step of a transformers Mamba-2 mixer (``Mamba2Mixer`` and the hybrids' copies of
+    it, families/hf_mamba2_mixers.py), batched over R rows: ``zxbcdt`` is in_proj's output
+    (R, inner + conv_dim + heads), ``parts`` the conv buffer and s; ``gated(y, gate)`` is
+    what comes between the scan and out_proj (default: the mixer's own ``norm(y, gate)``);
+    ``edit(letter, v)`` an intervention's edit inside the step. (signals, parts', y)."""
+    edit = edit or (lambda letter, v: v)
+    NH, P, N, G = int(mix.num_heads), int(mix.head_dim), int(mix.ssm_state_size), mix.n_groups
+    K, inner, cd = mix.conv1d.weight.shape[-1], mix.intermediate_size, mix.conv_dim
+    buf, s = parts
+    gate, xbc, dt = zxbcdt.split([inner, cd, NH], dim=-1)
+    window = torch.cat([buf.view(-1, K - 1, cd), xbc[:, None]], dim=1)  # (R, K, conv_dim)
+    xc = (window * mix.conv1d.weight[:, 0].T).sum(dim=1)
+    if mix.conv1d.bias is not None:
+        xc = xc + mix.conv1d.bias
+    xc = mix.act(xc)
+    x, B, C = torch.split(xc, [inner, G * N, G * N], dim=-1)
+    delta = edit("delta", F.softplus(dt + mix.dt_bias))  # (R, NH)
+    A = -torch.exp(mix.A_log.float()).to(zxbcdt.dtype)  # (NH,), in float32 as HF takes it
+    a = edit("a", torch.exp(delta * A))  # (R, NH): the head's keep
+    rep = NH // G
+    Bh = B.view(-1, G, N).repeat_interleave(rep, dim=1)  # (R, NH, N)
+    Ch = C.view(-1, G, N).repeat_interleave(rep, dim=1)
+    xh = x.view(-1, NH, P)
+    s_new = a[..., None, None] * s.view(-1, NH, P, N) + (
+        delta[..., None, None] * xh[..., None] * Bh[:, :, None, :])  # (R, NH, P, N)
+    s_new = edit("s", s_new.reshape(-1, NH * P * N)).view(-1, NH, P, N)
+    y = ((s_new @ Ch[..., None])[..., 0] + mix.D[:, None] * xh).reshape(-1, inner)  # (R, inner)
+    y = mix.out_proj(gated(y, gate) if gated is not None else mix.norm(y, gate))
+    new = [window[:, 1:].reshape(-1, (K - 1) * cd), s_new.reshape(-1, NH * P * N)]
+    return {"delta": delta, "a": a}, new, y

@@ -57,6 +57,7 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.mingru_pytorch:MinGRUPytorchFamily",
     "gatelens.families.hf_mamba:HFMambaFamily",
     "gatelens.families.hf_mamba2:HFMamba2Family",
+    "gatelens.families.hf_mamba2_mixers:HFMamba2MixerFamily",
     "gatelens.families.hf_rwkv:HFRwkvFamily",
     "gatelens.families.hf_gated_deltanet:HFGatedDeltaNetFamily",
     "gatelens.families.hf_rglru:HFRGLRUFamily",
