@@ -303,6 +303,8 @@ def test_analyze_measures_each_layer_and_the_split_is_the_operators():
         check_report(rep)
         jsonschema.validate(rep, schema())
         assert rep["model"]["family"] == "hf-kda" and rep["model"]["path"] == path
+        assert rep["model"]["layer_index"] == int(path.split(".")[2])
+        assert "MoE" in rep["model"]["left_alone"] and rep["model"]["heads"] == H
         assert rep["verification"]["passed"] is True
         assert rep["units"]["gate"] == "alpha" and rep["units"]["n_units"] == H * DH
         assert all(0 < rep["gates"]["alpha"][q] < 1 for q in ("p5", "p50", "p95"))
