@@ -102,6 +102,30 @@ class Bamba(nn.Module):
         return self.lm(ids, use_cache=False).logits
 
 
+class Kimi(nn.Module):
+    """A small KimiLinearForCausalLM (a KDA layer, then an MLA attention layer); its KDA
+    layer reads the first decoder layer's input norm of the embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+            kv_lora_rank=4, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4,
+            linear_num_heads=2, linear_head_dim=4, linear_conv_kernel_dim=3,
+            layer_types=["linear_attention", "full_attention"],
+            mlp_layer_types=["dense", "dense"], pad_token_id=0, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        m = self.lm.model
+        return m.layers[0].input_layernorm(m.embed_tokens(ids))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
 #: the families that have no recipe: (the model, the path of the module in it)
 NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "lstm_cell": lambda: (Loop(nn.LSTMCell(4, HIDDEN)), "cell"),
@@ -111,6 +135,7 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "variant_gru": lambda: (Whole(VariantGRU(4, HIDDEN, reset_after=False)), "rnn"),
     "hf-rglru": lambda: (Gemma(), "lm.model.layers.0"),
     "hf-mamba2-mixer": lambda: (Bamba(), "lm.model.layers.0.mamba"),
+    "hf-kda": lambda: (Kimi(), "lm.model.layers.0.self_attn"),
 }
 
 
