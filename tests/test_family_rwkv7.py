@@ -190,7 +190,11 @@ def test_the_family_opens_the_package_model_and_its_wrapper(built):
     assert fam.state_units(0).view(H, N, N)[1, 3].tolist() == list(range(N, 2 * N))
     lens = gatelens.Lens(RWKV7LM(model), vocab=VOCAB)
     assert list(lens.families) == [""] and isinstance(lens.families[""], RWKV7Family)
-    assert RWKV7LM(model)(_ids()).shape == (B, T, V)
+    lm = RWKV7LM(model)
+    assert lm.vocab_size == V and lm(_ids()).shape == (B, T, V)
+    with gatelens.open_cells(lm) as cache:  # opened while it runs, keyed like a trace
+        lm(_ids())
+    assert torch.equal(cache["layer1.s"], gatelens.trace(model, _ids())["layer1.s"])
 
 
 # ---- the trace against the package and against float64 --------------------------------

@@ -203,8 +203,8 @@ class RWKV7Family(OfficialFamily):
         return 2
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        (H, N), C = self.heads, self.hidden_size
-        return [torch.zeros(batch, n, dtype=torch.float64) for n in (C, H * N * N, C)]
+        (H, N), C, dev = self.heads, self.hidden_size, self.model.z["emb.weight"].device
+        return [torch.zeros(batch, n, dtype=torch.float64, device=dev) for n in (C, H * N * N, C)]
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]
