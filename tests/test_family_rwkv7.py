@@ -381,6 +381,9 @@ def test_what_is_not_opened_is_refused_in_one_line(built, monkeypatch, tmp_path)
     # the package keeps its dtype in module globals: restored after this test
     monkeypatch.setattr(pkg, "DTYPE", pkg.DTYPE)
     monkeypatch.setattr(pkg, "DEVICE", pkg.DEVICE)
+    torch.save({**z, "blocks.0.ffn.s_emb.weight": torch.zeros(V, 32)}, tmp_path / "de.pth")
+    with pytest.raises(GatelensError, match="DeepEmbed variant"):
+        RWKV7Family(pkg.RWKV_x070(str(tmp_path / "de"), "cpu fp32")).check(_ids())
     torch.save(z, tmp_path / "half.pth")
     half = pkg.RWKV_x070(str(tmp_path / "half"), "cpu bf16")
     with pytest.raises(GatelensError, match="bfloat16 .*'fp32' strategy only"):
