@@ -62,6 +62,7 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.hf_gated_deltanet:HFGatedDeltaNetFamily",
     "gatelens.families.hf_rglru:HFRGLRUFamily",
     "gatelens.families.hf_kda:HFKDAFamily",
+    "gatelens.families.rwkv7:RWKV7Family",
     "gatelens.families.mambapy:MambapyFamily",
 )
 #: kept for code that read the old name

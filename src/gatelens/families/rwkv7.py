@@ -1,0 +1,399 @@
+"""RWKV-7 "Goose" (x070) as the ``rwkv`` package (0.8.32) computes it: ``rwkv.model.RWKV_x070``,
+the package's own model (a ``torch.jit.ScriptModule`` holding its weights in a dict ``z``),
+defined when ``RWKV_V7_ON=1`` is set before ``import rwkv.model``. The user builds it with the
+package (``RWKV_x070(path, "cpu fp32")`` loads the ``.pth`` itself); gatelens never loads or
+unpickles a checkpoint, it reads the built model's ``z``.
+
+Block k, per head h (H heads of N channels), with the token shift x_{t−1} of ln1(x):
+  r, k, v = W_r·, W_k·, W_v· of their shifted mixes;  g = σ(x_g G1) G2;
+  w_t = exp(−0.606531 · σ(w0 + tanh(x_w W1) W2))  (the keep per channel, in (0.545, 1));
+  a_t = σ(a0 + x_a A1 A2)  (the in-context rate);  kk = normalize(k ⊙ k_k) per head;
+  k ← k ⊙ (1 + (a − 1) ⊙ k_a);  v ← v + (v_first − v) ⊙ σ(v0 + x_v V1 V2)  (k > 0; v_first is
+  layer 0's v at the same token);
+  S_t = S_{t−1} (diag(w_t) − kk_t (kk_t ⊙ a_t)ᵀ) + v_t k_tᵀ,  S ∈ R^(N × N) (value × key);
+  o = GroupNorm_h(S_t r_t) + (Σ_h r ⊙ k ⊙ r_k) v;  x ← x + W_o (o ⊙ g);
+  then the channel mix: x ← x + W_v' relu(W_k' mix(ln2 x))².
+The trace per layer: r, w, k (the written key), v (the written value), a, kk, s (S per head,
+row by row, as the package holds it) and y (the block's output). The keep operator is
+A_t(S) = S (diag(w_t) − kk_t (kk_t ⊙ a_t)ᵀ) (``rwkv7_keep``); the keep gate w_t per channel
+(its key coordinate: w_j scales column j of every head's S). The input enters S through the
+token shift: a window of 2 positions.
+
+The module's own trajectory: the package's own one-token step, ``RWKV_x070_TMix_one`` and
+``RWKV_x070_CMix_one`` (what ``forward_one`` runs, layer by layer, in its order, on its ``z``),
+one token at a time from the zero state, so each block's input and output are seen; the
+whole-window forward (``forward_seq``, full output) is compared with it
+(``step_vs_forward``), as is the state ``forward_seq`` leaves after the prompt
+(``final_vs_step``). The package cannot batch: windows run one after another.
+
+The model reads token ids (``forward(ids, state)``, no batch), not a tensor, so ``Lens``
+takes it wrapped in ``RWKV7LM`` (ids (B, T) -> logits (B, T, V), each window through the
+package's own ``forward``); ``trace`` and ``verify`` take the bare model and ids (B, T).
+Refused in one line: the fp16/bf16 strategies, a package imported with ``RWKV_CUDA_ON=1``
+(its ``forward_seq`` runs the wkv7s CUDA kernel) and the DeepEmbed variant.
+
+>>> sig = {"w": torch.tensor([[0.5, 1.0]]), "a": torch.tensor([[1.0, 1.0]]),
+...        "kk": torch.tensor([[1.0, 0.0]])}
+>>> rwkv7_keep(sig, torch.tensor([[1.0, 2.0, 3.0, 4.0]])).tolist()  # one head, N = 2
+[[-0.5, 2.0, -1.5, 4.0]]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gatelens.cells.names import layer_name
+from gatelens.errors import GatelensError
+from gatelens.families.base import Call, Dynamics, Readout, Reference
+from gatelens.families.official import OfficialFamily, scaled_diff
+from gatelens.families.spec import SIGMOID, CellSpec
+
+_PKG, _CLS = "rwkv.model", "RWKV_x070"
+#: the package's constant in w = exp(−0.606531 σ(·)) (≈ e^{−1/2}, as written there)
+W_SCALE = 0.606531
+#: the package's GroupNorm ε of the read-out (64e-5)
+GN_EPS = 64e-5
+#: what ``RWKV_x070_TMix_one`` takes after (layer, H, N, x, x_prev, v_first, state), by key
+_TMIX = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "w1", "w2", "a0", "a1", "a2", "v0",
+         "v1", "v2", "g1", "g2", "k_k", "k_a", "r_k", "receptance.weight", "key.weight",
+         "value.weight", "output.weight", "ln_x.weight", "ln_x.bias")
+
+
+def rwkv7_keep(signals: dict[str, Tensor], s: Tensor) -> Tensor:
+    """The keep operator of one step: A_t(S) = S (diag(w_t) − kk_t (kk_t ⊙ a_t)ᵀ) per head
+    (the package's ``state * w + state @ ab``, ab = (−kk)(kk ⊙ a)ᵀ). ``signals``: that step's
+    ``w``, ``a``, ``kk`` (R, C); ``s`` (R, H·N·N), each head's S (value × key) row by row."""
+    w, a, kk = signals["w"], signals["a"], signals["kk"]
+    R, C = w.shape
+    N = s.shape[-1] // C
+    S = s.reshape(R, C // N, N, N)  # (R, H, N_v, N_k)
+    w, kk, ka = (x.reshape(R, C // N, 1, N) for x in (w, kk, kk * a))
+    Skk = (S * kk).sum(dim=-1, keepdim=True)  # (R, H, N_v, 1): S kk
+    return (S * w - Skk * ka).reshape(R, -1)
+
+
+RWKV7 = CellSpec(
+    name="rwkv7", kind="rwkv7", chunks=("r", "k", "v"),
+    signals=("r", "w", "k", "v", "a", "kk", "s", "y"), gates=("w", "a"), keep_gate="w",
+    input_gate=None, state="s", output="y", bounds={"w": SIGMOID, "a": SIGMOID},
+    keep_operator=rwkv7_keep,
+    display={"w": "decay w_t per channel", "a": "in-context rate a_t",
+             "kk": "removal key kk_t", "k": "written key k_t", "s": "state S per head"})
+
+
+def is_rwkv7(model: object) -> bool:
+    """Whether ``model`` is the package's ``rwkv.model.RWKV_x070`` (by class, no import)."""
+    return (type(model).__module__, type(model).__name__) == (_PKG, _CLS)
+
+
+class RWKV7LM(nn.Module):
+    """The package's ``RWKV_x070`` as a model of ids: (B, T) int64 -> logits (B, T, V), each
+    window through the package's own ``forward`` (its ``forward_seq``, full output) from the
+    zero state. What ``Lens`` takes: ``Lens(RWKV7LM(model), vocab=...)``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        if not is_rwkv7(model):
+            raise GatelensError(f"RWKV7LM takes rwkv.model.RWKV_x070 (the rwkv package with "
+                                f"RWKV_V7_ON=1); got {type(model).__name__}")
+        self.rwkv = model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.rwkv.z["emb.weight"].shape[0])
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return torch.stack([_window(self.rwkv, row)[0] for row in _ids(ids, "RWKV7LM")])
+
+
+def _ids(inputs: Any, what: str) -> Tensor:
+    """Token ids as (B, T) int64: a (B, T) or (T,) integer tensor, a list of ints, an int."""
+    if isinstance(inputs, int) and not isinstance(inputs, bool):
+        inputs = [inputs]
+    if isinstance(inputs, (list, tuple)) and inputs and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in inputs):
+        inputs = torch.tensor(inputs, dtype=torch.long)
+    ok = (isinstance(inputs, Tensor) and not inputs.is_floating_point()
+          and not inputs.is_complex() and inputs.ndim in (1, 2) and inputs.numel() > 0)
+    if not ok:
+        got = (f"{inputs.dtype} {tuple(inputs.shape)}" if isinstance(inputs, Tensor)
+               else type(inputs).__name__)
+        raise GatelensError(f"{what}: RWKV-7 reads token ids, (B, T) int64 or a list of ints; "
+                            f"got {got}")
+    return (inputs if inputs.ndim == 2 else inputs[None]).long()
+
+
+def _zero_state(model: nn.Module) -> list[Tensor]:
+    """The package's zero state ([att x_prev, att S (H, N, N) float32, ffn x_prev] per
+    layer) in the model's own dtype and device, not the package's module-wide DTYPE."""
+    emb = model.z["emb.weight"]
+    C, H, N = int(model.n_embd), int(model.n_head), int(model.head_size)
+    out = []
+    for _ in range(int(model.n_layer)):
+        out += [emb.new_zeros(C), torch.zeros(H, N, N, device=emb.device), emb.new_zeros(C)]
+    return out
+
+
+def _window(model: nn.Module, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """The package's own forward on one window of ids (T,): logits (T, V), final state."""
+    seq = [int(i) for i in ids]
+    with torch.no_grad():
+        out, state = model.forward(seq, _zero_state(model), full_output=True)
+    return out.reshape(len(seq), -1), state
+
+
+class RWKV7Family(OfficialFamily):
+    """The ``rwkv`` package's RWKV-7 (``RWKV_x070``), bare or in ``RWKV7LM``."""
+
+    name = "rwkv7"
+    opens_what = "the rwkv package's RWKV_x070 (RWKV-7; bare or in gatelens's RWKV7LM)"
+    cell_name = "rwkv7"
+    specs = (RWKV7,)
+    uses_aux = True  # v_first: layer 0's v at the same token (a function of the input)
+
+    @classmethod
+    def opens(cls, module: nn.Module) -> bool:
+        return type(module) is RWKV7LM or is_rwkv7(module)
+
+    @property
+    def model(self) -> nn.Module:
+        """The package's model itself."""
+        return self.module.rwkv if isinstance(self.module, RWKV7LM) else self.module
+
+    @property
+    def package(self) -> ModuleType:
+        """``rwkv.model`` as the model was built from it (its own step functions)."""
+        return sys.modules[type(self.model).__module__]
+
+    # ---- facts ---------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.n_layer)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.n_embd)
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """(H, N): heads and channels per head."""
+        return int(self.model.n_head), int(self.model.head_size)
+
+    def describe(self) -> dict:
+        H, N = self.heads
+        return {**super().describe(), "implementation": f"{_PKG}.{_CLS}", "heads": H,
+                "head_size": N, "vocab_size": int(self.model.z["emb.weight"].shape[0])}
+
+    def state_units(self, k: int) -> Tensor:
+        H, N = self.heads  # S[h, i, j] is kept by w[h·N + j]
+        return torch.arange(H * N).view(H, 1, N).expand(H, N, N).reshape(-1)
+
+    def part_units(self, k: int) -> list[Tensor]:
+        none = torch.full((self.hidden_size,), -1, dtype=torch.int64)
+        return [none, self.state_units(k), none]  # att shift, S, ffn shift
+
+    def input_window(self) -> int:
+        return 2
+
+    def initial_parts(self, k: int, batch: int) -> list[Tensor]:
+        (H, N), C, dev = self.heads, self.hidden_size, self.model.z["emb.weight"].device
+        return [torch.zeros(batch, n, dtype=torch.float64, device=dev) for n in (C, H * N * N, C)]
+
+    def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
+        return parts[1]
+
+    # ---- a call ------------------------------------------------------------------
+    def split_call(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        if isinstance(self.module, RWKV7LM):
+            return (args[0] if args else kwargs.get("ids")), None
+        inputs = args[0] if args else kwargs.get("idx")
+        return inputs, args[1] if len(args) > 1 else kwargs.get("state")
+
+    def check(self, inputs: Any, state: Any = None) -> Call:
+        z, pkg = self.model.z, self.package
+        dtype = z["emb.weight"].dtype
+        if dtype != torch.float32:
+            raise GatelensError(f"{self.name}: RWKV_x070 holds its weights in {dtype} (an "
+                                "fp16/bf16 strategy); gatelens opens the 'fp32' strategy only")
+        if hasattr(pkg, "RWKV7_OP"):
+            raise GatelensError(f"{self.name}: rwkv.model was imported with RWKV_CUDA_ON=1 "
+                                "(forward_seq runs the wkv7s CUDA kernel, not opened); import "
+                                "it with RWKV_CUDA_ON=0")
+        if "blocks.0.ffn.s_emb.weight" in z:
+            raise GatelensError(f"{self.name}: the DeepEmbed variant (ffn.s_emb, "
+                                "RWKV_DE_VERSION=1) is not opened")
+        if state is not None:
+            raise GatelensError(f"{self.name}: an initial state is not supported (got "
+                                f"{type(state).__name__}); the analysis runs from zeros")
+        ids = _ids(inputs, self.name).to(z["emb.weight"].device)
+        if int(ids.min()) < 0 or int(ids.max()) >= z["emb.weight"].shape[0]:
+            raise GatelensError(f"{self.name}: ids {int(ids.min())}..{int(ids.max())} outside "
+                                f"the vocabulary of {z['emb.weight'].shape[0]}")
+        return Call(inputs=z["emb.weight"][ids], layout={"batch_first": True, "ids": ids})
+
+    # ---- the module's own computation ----------------------------------------------
+    def _forward(self, call: Call) -> Tensor:
+        outs, finals = [], []
+        for row in call.layout["ids"]:
+            out, state = _window(self.model, row)
+            outs.append(out)
+            finals.append(torch.cat([state[3 * k + 1].reshape(-1)
+                                     for k in range(self.num_layers)]))
+        self.__dict__["_finals"] = torch.stack(finals)  # read by reference, once
+        return torch.stack(outs)
+
+    def _trajectory(self, call: Call) -> dict:
+        m, pkg, L = self.model, self.package, self.num_layers
+        z, C, (H, N) = m.z, self.hidden_size, self.heads
+        args = [tuple(z[f"blocks.{k}.att.{n}"] for n in _TMIX) for k in range(L)]
+        rec: dict[str, list] = {n: [[] for _ in range(L)] for n in ("x", "xo", "v1", "p")}
+        outs = []
+        for b in range(call.batch):
+            state = _zero_state(m)
+            for t in range(call.length):
+                x = call.inputs[b, t]
+                v_first = torch.empty_like(x)
+                for k in range(L):
+                    blk = f"blocks.{k}."
+                    rec["x"][k].append(x)
+                    xx = F.layer_norm(x, (C,), weight=z[blk + "ln1.weight"],
+                                      bias=z[blk + "ln1.bias"])
+                    xx, state[3 * k], state[3 * k + 1], v_first = pkg.RWKV_x070_TMix_one(
+                        k, H, N, xx, state[3 * k], v_first, state[3 * k + 1], *args[k])
+                    x = x + xx
+                    xx = F.layer_norm(x, (C,), weight=z[blk + "ln2.weight"],
+                                      bias=z[blk + "ln2.bias"])
+                    xx, state[3 * k + 2] = pkg.RWKV_x070_CMix_one(
+                        xx, state[3 * k + 2], z[blk + "ffn.x_k"], z[blk + "ffn.key.weight"],
+                        z[blk + "ffn.value.weight"])
+                    x = x + xx
+                    rec["xo"][k].append(x)
+                    rec["v1"][k].append(v_first)
+                    rec["p"][k].append([state[3 * k], state[3 * k + 1].reshape(-1),
+                                        state[3 * k + 2]])
+                x = F.layer_norm(x, (C,), weight=z["ln_out.weight"], bias=z["ln_out.bias"])
+                outs.append(x @ z["head.weight"])
+        B, T = call.batch, call.length
+
+        def seq(ts: list[Tensor]) -> Tensor:  # window by window, then token by token
+            return torch.stack(ts).reshape(B, T, -1)
+
+        x, xo = [seq(v) for v in rec["x"]], [seq(v) for v in rec["xo"]]
+        parts = [[seq([p[j] for p in rec["p"][k]]).double() for j in range(3)]
+                 for k in range(L)]
+        return {"x": x, "u": x, "y": xo, "xo": xo, "parts": parts, "output": seq(outs),
+                "aux": [None] + [seq(rec["v1"][k]) for k in range(1, L)]}
+
+    def reference(self, call: Call) -> Reference:
+        ref = super().reference(call)
+        ref.final = self.__dict__.pop("_finals")  # forward_seq's state after the prompt
+        step = torch.cat([ref.extra["parts"][k][1][:, -1] for k in range(self.num_layers)], -1)
+        ref.extra["final_vs_step"] = scaled_diff(ref.final[:, None], step[:, None])
+        return ref
+
+    # ---- the hand cell (float64, on a float64 copy of the weights) -------------------
+    def float64(self) -> dict[str, Tensor]:  # type: ignore[override]
+        """The package's weights ``z`` in float64 (made once per version of them)."""
+        version = tuple((id(v), v._version) for v in self.model.z.values())
+        cached = self.__dict__.get("_z64")
+        if cached is None or cached[0] != version:
+            cached = (version, {n: v.detach().double() for n, v in self.model.z.items()})
+            self.__dict__["_z64"] = cached
+        return cached[1]
+
+    def step_cell(self, k, m, u, parts, aux):
+        z, C, (H, N) = m, self.hidden_size, self.heads
+        a_ = f"blocks.{k}.att."
+        R = u.shape[0]
+        x_prev, s, f_prev = parts
+        x = F.layer_norm(u, (C,), weight=z[f"blocks.{k}.ln1.weight"],
+                         bias=z[f"blocks.{k}.ln1.bias"])
+        # the six token-shift mixes in one product (one op each under the dynamics' jvp)
+        mixes = x[:, None] + (x_prev - x)[:, None] * torch.stack(
+            [z[a_ + "x_" + n] for n in "rwkvag"])  # (R, 6, C)
+        mix = dict(zip("rwkvag", mixes.unbind(1), strict=True))
+        r = mix["r"] @ z[a_ + "receptance.weight"]
+        w = torch.tanh(mix["w"] @ z[a_ + "w1"]) @ z[a_ + "w2"]
+        key = mix["k"] @ z[a_ + "key.weight"]
+        v = mix["v"] @ z[a_ + "value.weight"]
+        a = torch.sigmoid(z[a_ + "a0"] + (mix["a"] @ z[a_ + "a1"]) @ z[a_ + "a2"])
+        g = torch.sigmoid(mix["g"] @ z[a_ + "g1"]) @ z[a_ + "g2"]
+        kk = F.normalize((key * z[a_ + "k_k"]).view(R, H, N), dim=-1, p=2.0).view(R, C)
+        key = key * (1 + (a - 1) * z[a_ + "k_a"])
+        if k > 0:
+            v = v + (aux - v) * torch.sigmoid(z[a_ + "v0"] + (mix["v"] @ z[a_ + "v1"])
+                                              @ z[a_ + "v2"])
+        w = torch.exp(-W_SCALE * torch.sigmoid(z[a_ + "w0"] + w))
+        sig = {"r": r, "w": w, "k": key, "v": v, "a": a, "kk": kk}
+        S = rwkv7_keep(sig, s).view(R, H, N, N) + v.view(R, H, N, 1) * key.view(R, H, 1, N)
+        o = (S * r.view(R, H, 1, N)).sum(dim=-1)  # (R, H, N): S r
+        o = (o - o.mean(-1, keepdim=True)) / torch.sqrt(o.var(-1, unbiased=False, keepdim=True)
+                                                         + GN_EPS)
+        o = o.reshape(R, C) * z[a_ + "ln_x.weight"] + z[a_ + "ln_x.bias"]
+        o = o + ((r * key * z[a_ + "r_k"]).view(R, H, N).sum(-1, keepdim=True)
+                 * v.view(R, H, N)).view(R, C)
+        h = u + (o * g) @ z[a_ + "output.weight"]
+        f_ = f"blocks.{k}.ffn."
+        f = F.layer_norm(h, (C,), weight=z[f"blocks.{k}.ln2.weight"],
+                         bias=z[f"blocks.{k}.ln2.bias"])
+        fk = torch.relu((f + (f_prev - f) * z[f_ + "x_k"]) @ z[f_ + "key.weight"]) ** 2
+        y = h + fk @ z[f_ + "value.weight"]
+        return sig, [x, S.reshape(R, -1), f], y
+
+    def pre(self, k, m, x):  # the cell is the whole block: u = x, its output the block's
+        return x
+
+    def post(self, k, m, x, y):
+        return y
+
+    def final(self, m, x):
+        x = F.layer_norm(x, (self.hidden_size,), weight=m["ln_out.weight"],
+                         bias=m["ln_out.bias"])
+        return x @ m["head.weight"]
+
+    # ---- the whole stack, v_first carried up from layer 0 ------------------------------
+    def _stack_step(self, m: dict[str, Tensor], x: Tensor, parts: Sequence[list[Tensor]]
+                    ) -> tuple[list[dict[str, Tensor]], list[list[Tensor]]]:
+        """One token through every layer: each layer's signals (s, y too) and new parts."""
+        sigs, new, v_first = [], [], None
+        for k in range(self.num_layers):
+            sig, p, x = self.step_cell(k, m, x, list(parts[k]), v_first)
+            v_first = sig["v"] if k == 0 else v_first
+            sigs.append({**sig, "s": p[1], "y": x})
+            new.append(p)
+        return sigs, new
+
+    def rerun(self, call: Call) -> Readout:
+        m, L = self.float64(), self.num_layers
+        parts = [self.initial_parts(k, call.batch) for k in range(L)]
+        seq: dict[str, list[Tensor]] = {n: [] for n in self.names()}
+        with torch.no_grad():
+            for t in range(call.length):
+                sigs, parts = self._stack_step(m, call.inputs[:, t].double(), parts)
+                for k, sig in enumerate(sigs):
+                    for letter in self.spec.signals:
+                        seq[f"{layer_name(k)}.{letter}"].append(sig[letter])
+        return Readout(signals={n: torch.stack(v, 1).to(call.inputs.dtype)
+                                for n, v in seq.items()},
+                       meta={"method": "free-running", "family": self.name})
+
+    def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
+        m, L, C = self.float64(), self.num_layers, self.hidden_size
+
+        def step(x: Tensor, flat: Sequence[Tensor]) -> list[Tensor]:
+            parts = [list(flat[3 * k : 3 * k + 3]) for k in range(L)]
+            return [p for layer in self._stack_step(m, x, parts)[1] for p in layer]
+
+        units = torch.cat([torch.where(u >= 0, u + k * C, u) for k in range(L)
+                           for u in self.part_units(k)])
+        return [Dynamics(step=step, inputs=call.inputs.double(),
+                         trajectory=[p for k in range(L) for p in ref.extra["parts"][k]],
+                         initial=[p for k in range(L) for p in self.initial_parts(k, call.batch)],
+                         order=list(range(call.length)), units=units)]
