@@ -60,6 +60,7 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.hf_rwkv:HFRwkvFamily",
     "gatelens.families.hf_gated_deltanet:HFGatedDeltaNetFamily",
     "gatelens.families.hf_rglru:HFRGLRUFamily",
+    "gatelens.families.hf_xlstm:HFXLSTMFamily",
     "gatelens.families.mambapy:MambapyFamily",
 )
 #: kept for code that read the old name
