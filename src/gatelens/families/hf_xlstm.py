@@ -199,8 +199,9 @@ class HFXLSTMFamily(OfficialFamily):
 
     @staticmethod
     def _raw(state) -> tuple[Tensor, Tensor, Tensor]:
-        """(C̄, n̄, m) of a package state (C, n, m), (B, 1, ·) each, in float64."""
-        C, n, m = (s.double() for s in state)
+        """(C̄, n̄, m) of a package state (C, n, m), (B, 1, ·) each, in float64 (copies: the
+        cache's buffers change in place at the next step)."""
+        C, n, m = (s.double().clone() for s in state)
         B = C.shape[0]
         scale = torch.exp(m)  # (B, NH, 1)
         return ((C * scale[..., None]).reshape(B, 1, -1), (n * scale).reshape(B, 1, -1),
