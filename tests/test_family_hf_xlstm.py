@@ -25,6 +25,7 @@ import gatelens
 from gatelens.analysis.common import pooled
 from gatelens.errors import GatelensError
 from gatelens.families import hf_xlstm
+from gatelens.families.base import Readout
 from gatelens.families.hf_xlstm import HFXLSTMFamily
 from gatelens.families.official import scaled_diff
 from gatelens.families.registry import family_of
@@ -289,6 +290,26 @@ def test_one_step_passes_and_a_parameter_off_by_a_tenth_of_a_percent_fails(wrong
     with torch.no_grad():  # one parameter of the family's float64 copy off by 1e-3 relative
         fam.float64().mlstm_layer.get_parameter(wrong).mul_(1.001)
     assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-5
+
+
+def test_the_memory_is_judged_on_its_heads_scale():
+    fam = HFXLSTMFamily(_block())
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    s = ref.states["layer0.s"].double()
+    units = fam.state_units(0)
+    head = int(units[0])
+    top = float(s[0, :, units == head].abs().max())
+    assert top > 10
+    small = int((s[0].abs().amax(0) + (units != head) * 1e9).argmin())  # head 0's least
+    signals = {"layer0.s": s.clone(), "layer0.y": ref.states["layer0.y"]}
+    signals["layer0.s"][0, 3, small] += 1e-5 * top / 2  # half the tolerance on the head's scale
+    (row,) = fam.judge(Readout(signals=signals), ref)
+    assert row.max_scaled_diff_h == pytest.approx(0.5e-5, rel=1e-3)
+    assert scaled_diff(signals["layer0.s"], s)[1] > 1e-5  # entry by entry it would fail
+    signals["layer0.s"][0, 3, small] += 2e-5 * top
+    assert fam.judge(Readout(signals=signals), ref)[0].max_scaled_diff_h > 1e-5
+    assert ref.extra["final_vs_step"][1] < 1e-6  # the prompt path's final, on the same scale
 
 
 def test_the_soft_cap_is_the_packages_and_eps_is_normed_away():

@@ -28,7 +28,8 @@ The module's own trajectory: the block run one token at a time with the state th
 ``xLSTMModel`` does), so every token takes the backend's step kernel; its whole-sequence
 forward (the chunkwise kernel, the prompt padded to ``chunk_size`` with f̃ = 25, ĩ = −25) is
 compared with it (``step_vs_forward``), and so is the final state the prompt path returns
-(``final_vs_step``, in the raw scale: the two paths stabilise differently). The decode path
+(``final_vs_step``, in the raw scale, where the two paths' stabilisers do not enter). The
+memory is judged on its head's scale (``head_scaled_diff``), y per channel. The decode path
 exists in ``mode="inference"`` (the config's default) only; on the CPU it needs the native
 kernels (``chunkwise--native_autograd``, ``native_sequence__native``, ``native``, the
 config's defaults; xLSTM-7B's checkpoint names Triton ones).
@@ -50,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
-from gatelens.families.base import Call, Reference
+from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
@@ -93,6 +94,32 @@ def head_norm(norm: nn.Module, h: Tensor) -> Tensor:
     mu = h.mean(-1, keepdim=True)
     var = h.var(-1, keepdim=True, unbiased=False)
     return _affine(norm, ((h - mu) * torch.rsqrt(var + norm.eps)).flatten(1))
+
+
+def head_scaled_diff(got: Tensor, ref: Tensor, units: Tensor,
+                     over: Tensor | None = None) -> tuple[float, float]:
+    """(max |got − ref|, the same over its unit's largest |ref| in the window, over all of
+    the unit's coordinates, at least 1): the memory judged on its head's scale. A head's
+    C̄ entries are sums of e^{ĩ} k_i v_j whose float32 projections (d-long dot products)
+    round relative to the terms, not to an entry that happens to be small: judged entry by
+    entry (``scaled_diff``) they miss by 1e-5 at xLSTM-7B's width, on the head's scale by
+    1e-6. ``got``, ``ref`` (B, T, S); ``units`` (S,) the unit of each coordinate; ``over``
+    (B, T', S) the window the scale is taken over (default ``ref``).
+
+    >>> ref = torch.tensor([[[100.0, 0.01]]], dtype=torch.float64)
+    >>> got = ref + torch.tensor([0.0, 1e-4], dtype=torch.float64)
+    >>> [round(d, 8) for d in head_scaled_diff(got, ref, torch.tensor([0, 0]))]
+    [0.0001, 1e-06]
+    >>> round(scaled_diff(got, ref)[1], 8)  # entry by entry: 1e-4 over max(1, 0.01)
+    0.0001
+    """
+    diff = (got.double() - ref.double()).abs()
+    top = (ref if over is None else over).double().abs().amax(dim=1)  # (B, S)
+    idx = units.to(top.device).expand_as(top)
+    per_unit = top.new_zeros(top.shape[0], int(units.max()) + 1).scatter_reduce(
+        1, idx, top, reduce="amax")
+    scale = per_unit.gather(1, idx).clamp(min=1.0)[:, None]  # (B, 1, S)
+    return float(diff.max()), float((diff / scale).max())
 
 
 class HFXLSTMFamily(OfficialFamily):
@@ -230,9 +257,19 @@ class HFXLSTMFamily(OfficialFamily):
         C, n, _ = self._raw(last)
         final = torch.cat([C, n], dim=-1)  # (B, 1, S)
         ref.final = final[:, 0]
-        step = torch.cat([p[:, -1:].double() for p in ref.extra["parts"][0]], dim=-1)
-        ref.extra["final_vs_step"] = scaled_diff(final, step)
+        steps = ref.states["layer0.s"]  # the step path's, (B, T, S)
+        ref.extra["final_vs_step"] = head_scaled_diff(final, steps[:, -1:], self.state_units(0),
+                                                      over=steps)
         return ref
+
+    def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
+        """The memory s on each head's scale (``head_scaled_diff``), y (the layer's output,
+        per channel) as every official family judges it."""
+        ds = head_scaled_diff(readout.signals["layer0.s"], ref.states["layer0.s"],
+                              self.state_units(0))
+        dy = scaled_diff(readout.signals["layer0.y"], ref.states["layer0.y"])
+        return [LayerDiff(0, False, max(ds[0], dy[0]), None,
+                          max_scaled_diff_h=max(ds[1], dy[1]))]
 
     # ---- the hand cell ---------------------------------------------------------------
     def _project(self, layer: nn.Module, u: Tensor):
