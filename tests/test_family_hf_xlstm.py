@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 import warnings
 
 import jsonschema
@@ -430,3 +431,41 @@ def test_a_cache_after_earlier_tokens_and_a_train_mode_backend_are_refused_in_on
     train = HFXLSTMFamily(xlstm(1, mode="train", return_last_states=True).backbone.blocks[0])
     with pytest.raises(GatelensError, match="mode='train'; its decode path"):
         train.check(x)
+
+
+# ---- transformers' own copy of the block (no xlstm package) ---------------------------
+def _own_copy(monkeypatch) -> types.ModuleType:
+    """modeling_xlstm as transformers runs it where the xlstm package is missing: its own
+    block and native kernels (a fresh module object; the imported one is left alone)."""
+    import importlib
+    import importlib.util
+
+    name = "transformers.models.xlstm.modeling_xlstm"
+    importlib.import_module(name)  # transformers resolves annotations through sys.modules
+    spec = importlib.util.find_spec(name)
+    source = spec.loader.get_source(name)
+    monkeypatch.setattr(transformers.utils, "is_xlstm_available", lambda: False)
+    mod = types.ModuleType(name)
+    mod.__package__ = name.rsplit(".", 1)[0]
+    exec(compile(source, spec.origin, "exec"), mod.__dict__)
+    return mod
+
+
+def test_transformers_own_copy_of_the_block_is_read_the_same(monkeypatch):
+    """Without the xlstm package transformers defines the block and its native kernels
+    itself (unpadded: chunks, then its sequence kernel for the rest); the family reads it."""
+    mod = _own_copy(monkeypatch)
+    assert not mod.external_xlstm
+    torch.manual_seed(0)
+    block = _spread(mod.xLSTMBlock(_config(1)))
+    assert type(block.mlstm_layer.mlstm_backend) is mod.xLSTMBackend
+    assert family_of(block).__class__ is HFXLSTMFamily
+    fam = HFXLSTMFamily(block)
+    call = fam.check(_x(length=40))  # two chunks of 16, then 8 steps of its sequence kernel
+    ref = fam.reference(call)
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h < 1e-5
+    assert 0 < ref.extra["step_vs_forward"][1] < 1e-5 and ref.extra["final_vs_step"][1] < 1e-5
+    exact = independent(block, call.inputs)
+    sig = fam.read(call, ref).signals
+    for name in SIGNALS:
+        assert scaled_diff(sig[f"layer0.{name}"], exact[name])[1] < 1e-5, name
