@@ -410,6 +410,28 @@ def _units() -> torch.Tensor:
     return HFXLSTMFamily(_block()).state_units(0)
 
 
+def test_a_checkpoint_naming_triton_kernels_opens_with_the_native_ones(tmp_path):
+    import json
+
+    model = xlstm(1)
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(chunkwise_kernel="chunkwise--triton_xl_chunk", step_kernel="triton",
+               sequence_kernel="native_sequence__triton")  # as xLSTM-7B's config.json
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    hf = gatelens.load_hf(tmp_path)
+    (note,) = hf.notes
+    assert "native ones" in note and "'triton'" in note
+    backend = hf.model.backbone.blocks[0].mlstm_layer.mlstm_backend.config
+    assert (backend.chunkwise_kernel, backend.step_kernel) == ("chunkwise--native_autograd",
+                                                               "native")
+    ids = torch.randint(0, V, (B, T))
+    with torch.no_grad():
+        assert torch.equal(hf.model(ids).logits, model(ids).logits)
+    assert HFXLSTMFamily.hf_config_overrides({"model_type": "xlstm"}) is None  # defaults
+    assert HFXLSTMFamily.hf_config_overrides({"model_type": "mamba"}) is None
+
+
 # ---- refusals ------------------------------------------------------------------------
 def test_a_cache_after_earlier_tokens_and_a_train_mode_backend_are_refused_in_one_line():
     model = xlstm()

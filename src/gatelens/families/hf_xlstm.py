@@ -57,6 +57,9 @@ from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
 
 _HF = "transformers.models.xlstm.modeling_xlstm"
+#: the backend kernels that run on the CPU (xLSTMConfig's defaults)
+NATIVE_KERNELS = {"chunkwise_kernel": "chunkwise--native_autograd",
+                  "sequence_kernel": "native_sequence__native", "step_kernel": "native"}
 
 #: xLSTM-7B's mLSTM cell: xlstm's mLSTM letters (families/xlstm_mlstm.py) with the output
 #: gate o and the stabiliser m beside them; y, the layer's output, is what perturbations read
@@ -137,6 +140,20 @@ class HFXLSTMFamily(OfficialFamily):
     def opens(cls, module: nn.Module) -> bool:
         t = type(module)
         return (t.__module__, t.__name__) == (_HF, "xLSTMBlock")
+
+    @classmethod
+    def hf_config_overrides(cls, raw: dict) -> tuple[dict, str] | None:
+        """For a local checkpoint (loaders/hf_dir.py): an xLSTM config.json naming kernels
+        other than the native ones (xLSTM-7B's name Triton kernels, which need CUDA) is
+        opened with the native ones, the same computation, and a note saying so."""
+        if raw.get("model_type") != "xlstm":
+            return None
+        changed = {k: v for k, v in NATIVE_KERNELS.items() if raw.get(k, v) != v}
+        if not changed:
+            return None
+        was = ", ".join(f"{k} {raw[k]!r}" for k in changed)
+        return changed, (f"xLSTM's kernels replaced by the native ones that run on the CPU "
+                         f"(config.json had {was}): the same recurrence")
 
     # ---- facts ---------------------------------------------------------------------
     @property
