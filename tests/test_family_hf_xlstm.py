@@ -41,6 +41,9 @@ TEXT = "abc def ghij jig fed cba " * 40
 LW, PW = 20, 6  # the windows Lens analyses and the perturbed position
 SIGNALS = ("i", "f", "o", "m", "s", "h", "y")
 S = NH * (DQK * DV + DQK)
+#: the head of each entry of s: C̄ (d_qk × d_v) head by head, then n̄ (d_qk) head by head
+UNITS = torch.cat([torch.arange(NH).repeat_interleave(DQK * DV),
+                   torch.arange(NH).repeat_interleave(DQK)])
 
 
 @pytest.fixture(autouse=True)
@@ -166,9 +169,8 @@ def _raw(state) -> torch.Tensor:
 
 def _head_scaled(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor) -> float:
     """max |got − want| over each head's largest |value| of ``scale`` (B, T, S), ≥ 1."""
-    units = HFXLSTMFamily(_block()).state_units(0)
-    top = torch.stack([scale[..., units == h].abs().amax(dim=(1, 2)) for h in range(NH)], -1)
-    return float(((got - want).double().abs() / top[:, None, units].clamp(min=1)).max())
+    top = torch.stack([scale[..., UNITS == h].abs().amax(dim=(1, 2)) for h in range(NH)], -1)
+    return float(((got - want).double().abs() / top[:, None, UNITS].clamp(min=1)).max())
 
 
 # ---- opened inside the whole model ----------------------------------------------------
@@ -187,8 +189,7 @@ def test_lens_opens_each_block_and_the_registry_lists_it():
             info["v_head_dim"]) == ("hf-xlstm", NH, "head", NH, DQK, DV)
     assert (info["step_kernel"], info["chunkwise_kernel"], info["mode"]) == (
         "native", "chunkwise--native_autograd", "inference")
-    assert fam.state_units(0).shape == (S,) and fam.input_window() == 1
-    assert fam.state_units(0).bincount().tolist() == [DQK * DV + DQK] * NH
+    assert torch.equal(fam.state_units(0), UNITS) and fam.input_window() == 1
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = model(ids).logits  # use_cache (the default): a zero cache to each block
@@ -391,7 +392,7 @@ def test_analyze_measures_each_block_and_the_split_is_the_keep_gate():
         # the forget path by hand: δs_p carried by the clean run's f of each entry's head
         tr, tr2 = a.trace, a.trace_perturbed
         ds = (pooled(tr2, "s") - pooled(tr, "s")).double()
-        keep = tr["layer0.f"].double()[..., _units()]
+        keep = tr["layer0.f"].double()[..., UNITS]
         rolled, by_hand = ds[:, PW], {}
         for lag in range(1, LW - PW):
             rolled = keep[:, PW + lag] * rolled
@@ -404,10 +405,6 @@ def test_analyze_measures_each_block_and_the_split_is_the_keep_gate():
             < 1e-9 * scale
         back = max(pert["return_path"]) / max(pert["measured"])
         assert back < 1e-5 if path.endswith("0") else back > 1e-2  # one block: none
-
-
-def _units() -> torch.Tensor:
-    return HFXLSTMFamily(_block()).state_units(0)
 
 
 def test_a_checkpoint_naming_triton_kernels_opens_with_the_native_ones(tmp_path):
