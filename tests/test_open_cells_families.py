@@ -126,6 +126,25 @@ class Kimi(nn.Module):
         return self.lm(ids).logits
 
 
+class XLSTM(nn.Module):
+    """A small transformers xLSTMForCausalLM of one mLSTM block; the block reads the
+    embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.xLSTMForCausalLM(transformers.xLSTMConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=1, num_heads=2,
+            qk_dim_factor=1.0, ffn_round_up_to_multiple_of=16, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        return self.lm.backbone.embeddings(ids)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
 #: the families that have no recipe: (the model, the path of the module in it)
 NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "lstm_cell": lambda: (Loop(nn.LSTMCell(4, HIDDEN)), "cell"),
@@ -136,6 +155,7 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "hf-rglru": lambda: (Gemma(), "lm.model.layers.0"),
     "hf-mamba2-mixer": lambda: (Bamba(), "lm.model.layers.0.mamba"),
     "hf-kda": lambda: (Kimi(), "lm.model.layers.0.self_attn"),
+    "hf-xlstm": lambda: (XLSTM(), "lm.backbone.blocks.0"),
 }
 
 

@@ -63,6 +63,7 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.hf_rglru:HFRGLRUFamily",
     "gatelens.families.hf_kda:HFKDAFamily",
     "gatelens.families.rwkv7:RWKV7Family",
+    "gatelens.families.hf_xlstm:HFXLSTMFamily",
     "gatelens.families.mambapy:MambapyFamily",
 )
 #: kept for code that read the old name

@@ -208,8 +208,9 @@ def load_hf(directory: str | os.PathLike, *, trust_remote_code: bool = False) ->
                             f"{transformers.__version__} knows (its own code in the directory "
                             "runs only with --trust-remote-code)")
     common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    overrides, changed = _config_overrides(raw)
     try:
-        config = transformers.AutoConfig.from_pretrained(d, **common)
+        config = transformers.AutoConfig.from_pretrained(d, **common, **overrides)
         cls = _model_class(config, trust_remote_code)
         kw = common if cls.__name__.startswith("Auto") else {"local_files_only": True}
         model, info = cls.from_pretrained(d, config=config, use_safetensors=True,
@@ -223,10 +224,27 @@ def load_hf(directory: str | os.PathLike, *, trust_remote_code: bool = False) ->
                             f"{type(model).__name__} needs (first {missing[0]!r}); they would be "
                             "left random")
     unused = sorted(info.get("unexpected_keys") or [])
-    notes = (f"{len(unused)} tensor(s) in the weights were not used by "
-             f"{type(model).__name__} (first {unused[0]!r})",) if unused else ()
+    notes = ((f"{len(unused)} tensor(s) in the weights were not used by "
+              f"{type(model).__name__} (first {unused[0]!r})",) if unused else ()) + changed
     _check_opened(model, d)
     return HFModel(model.eval(), _tokenizer(d, trust_remote_code), d, mt, notes)
+
+
+def _config_overrides(raw: dict) -> tuple[dict, tuple[str, ...]]:
+    """config.json settings a family changes so the model runs here (a family's
+    ``hf_config_overrides(raw)`` -> (settings, note), e.g. xLSTM's Triton kernels for the
+    native ones), and the notes saying so."""
+    from gatelens.families.registry import family_classes
+
+    settings: dict = {}
+    notes: list[str] = []
+    for cls in family_classes():
+        hook = getattr(cls, "hf_config_overrides", None)
+        got = hook(raw) if hook is not None else None
+        if got:
+            settings.update(got[0])
+            notes.append(got[1])
+    return settings, tuple(notes)
 
 
 def _check_opened(model: nn.Module, d: Path) -> None:
