@@ -8,7 +8,9 @@ language model gatelens trains (CharLM / OfficialLM); one without a recipe needs
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,6 +147,23 @@ class XLSTM(nn.Module):
         return self.lm(ids).logits
 
 
+def rwkv7() -> tuple[nn.Module, str]:
+    """The rwkv package's RWKV-7 (tests/rwkv7_models.py) in ``RWKV7LM``, which the family
+    opens itself (path ""); it reads the ids."""
+    import tempfile
+
+    from gatelens.families.rwkv7 import RWKV7LM
+
+    sys.path.insert(0, str(Path(__file__).parent))  # the shared builder (importlib mode)
+    from rwkv7_models import build
+
+    with tempfile.TemporaryDirectory() as d:
+        _, model = build(Path(d) / "tiny", layers=2)
+    lm = RWKV7LM(model)
+    lm.features = lambda ids: ids
+    return lm, ""  # the family opens the wrapper itself
+
+
 #: the families that have no recipe: (the model, the path of the module in it)
 NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "lstm_cell": lambda: (Loop(nn.LSTMCell(4, HIDDEN)), "cell"),
@@ -156,6 +175,7 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "hf-mamba2-mixer": lambda: (Bamba(), "lm.model.layers.0.mamba"),
     "hf-kda": lambda: (Kimi(), "lm.model.layers.0.self_attn"),
     "hf-xlstm": lambda: (XLSTM(), "lm.backbone.blocks.0"),
+    "rwkv7": rwkv7,
 }
 
 
@@ -193,9 +213,10 @@ def test_open_cells_opens_every_registered_family_inside_a_whole_model(name):
     assert list(cache.traces) == [path] and len(cache.traces[path]) == 1
     direct = trace(module, x)
     assert list(cache.traces[path][0]) == list(direct)
-    assert sorted(cache) == sorted(f"{path}.{n}" for n in direct)
+    key = (lambda n: f"{path}.{n}") if path else (lambda n: n)  # the root: bare names
+    assert sorted(cache) == sorted(key(n) for n in direct)
     for n in direct:
-        a, b = cache[f"{path}.{n}"], direct[n]
+        a, b = cache[key(n)], direct[n]
         assert a.shape[:2] == (B, T)
         assert torch.allclose(a, b, rtol=0, atol=1e-6), (n, float((a - b).abs().max()))
 
