@@ -57,9 +57,11 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.mingru_pytorch:MinGRUPytorchFamily",
     "gatelens.families.hf_mamba:HFMambaFamily",
     "gatelens.families.hf_mamba2:HFMamba2Family",
+    "gatelens.families.hf_falcon_mamba:HFFalconMambaFamily",
     "gatelens.families.hf_rwkv:HFRwkvFamily",
     "gatelens.families.hf_gated_deltanet:HFGatedDeltaNetFamily",
     "gatelens.families.hf_rglru:HFRGLRUFamily",
+    "gatelens.families.hf_jamba:HFJambaFamily",
     "gatelens.families.mambapy:MambapyFamily",
 )
 #: kept for code that read the old name
