@@ -7,7 +7,8 @@ difference, as ``FalconMambaMixer`` computes it: after ``x_proj``,
 (ε = ``mixer_rms_eps``; ``FalconMambaWeightlessRMSNorm``: no weight, the ones it holds are
 a buffer its forward never reads), then Δ = softplus(dt_proj.weight δ + dt_proj.bias) and
 the scan s_t = exp(Δ·A) s_{t−1} + Δ B x̂ as in Mamba. The package takes each norm in float32
-(``x.float()``); the hand cell takes it in the dtype it runs in (float64 for the read-out).
+(``x.float()``), and the blocks' RMSNorms too; the hand cell takes them all in the dtype it
+runs in (float64 for the read-out).
 The reference is the model run one token at a time with its own cache (its
 ``selective_state_update``), the whole-sequence CPU scan compared with it
 (``step_vs_forward``). Edits (``Lens.run``) are hf-mamba's (families/official_edit.py).
@@ -57,3 +58,11 @@ class HFFalconMambaFamily(HFMambaFamily):
     def _bcdt(self, mixer: nn.Module, dt: Tensor, B: Tensor, C: Tensor):
         eps = float(mixer.rms_eps)
         return rms(dt, eps), rms(B, eps), rms(C, eps)
+
+    # the blocks' RMSNorms in the hand cell's dtype (the package rounds them to float32)
+    def pre(self, k, m, x):
+        norm = m.layers[k].norm
+        return rms(x, norm.variance_epsilon, norm.weight)
+
+    def final(self, m, x):
+        return rms(x, m.norm_f.variance_epsilon, m.norm_f.weight)
