@@ -80,6 +80,46 @@ class Gemma(nn.Module):
         return self.lm(ids).logits
 
 
+class Falcon(nn.Module):
+    """A small FalconMambaForCausalLM; its backbone reads the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.FalconMambaForCausalLM(transformers.FalconMambaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, state_size=4, num_hidden_layers=2,
+            conv_kernel=3, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        return ids
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
+class Jamba(nn.Module):
+    """A small JambaForCausalLM (a Mamba layer, then an attention layer); its mixer reads
+    the normed embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.JambaForCausalLM(transformers.JambaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, num_experts=1,
+            attn_layer_period=2, attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=3,
+            mamba_dt_rank=2, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        m = self.lm.model
+        return m.layers[0].input_layernorm(m.embed_tokens(ids))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
 #: the families that have no recipe: (the model, the path of the module in it)
 NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "lstm_cell": lambda: (Loop(nn.LSTMCell(4, HIDDEN)), "cell"),
@@ -88,6 +128,8 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "variant_lstm": lambda: (Whole(VariantLSTM(4, HIDDEN, peepholes=True)), "rnn"),
     "variant_gru": lambda: (Whole(VariantGRU(4, HIDDEN, reset_after=False)), "rnn"),
     "hf-rglru": lambda: (Gemma(), "lm.model.layers.0"),
+    "hf-falcon-mamba": lambda: (Falcon(), "lm.backbone"),
+    "hf-jamba": lambda: (Jamba(), "lm.model.layers.0.mamba"),
 }
 
 
