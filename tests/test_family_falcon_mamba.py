@@ -140,7 +140,9 @@ def test_the_trace_is_the_float64_recurrence_and_the_package_paths():
     for k in range(2):
         assert scaled_diff(ref.states[f"layer{k}.s"], exact[f"layer{k}.s"])[1] < 1e-5
     assert scaled_diff(ref.output, exact["out"])[1] < 1e-5
-    assert ref.extra["step_vs_forward"][1] < 1e-5
+    assert ref.extra["step_vs_forward"][1] < 1e-5 and ref.extra["final_vs_step"][1] < 1e-5
+    last = torch.cat([exact[f"layer{k}.s"][:, -1] for k in range(2)], dim=-1)
+    assert scaled_diff(ref.final[:, None], last[:, None])[1] < 1e-5
     assert float(exact["layer1.s"].abs().max()) > 0.1  # the state is not negligible
     a = exact["layer0.a"]
     assert 0.05 < float(a.min()) and float(a.max()) < 1

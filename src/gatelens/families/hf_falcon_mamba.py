@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gatelens.families.base import Call, Reference
 from gatelens.families.hf_mamba import HFMambaFamily
+from gatelens.families.official import scaled_diff
 
 _HF = "transformers.models.falcon_mamba.modeling_falcon_mamba"
 
@@ -58,6 +60,20 @@ class HFFalconMambaFamily(HFMambaFamily):
     def _bcdt(self, mixer: nn.Module, dt: Tensor, B: Tensor, C: Tensor):
         eps = float(mixer.rms_eps)
         return rms(dt, eps), rms(B, eps), rms(C, eps)
+
+    def reference(self, call: Call) -> Reference:
+        from transformers import DynamicCache
+
+        ref = super().reference(call)
+        cache = DynamicCache(config=self.module.config)
+        with torch.no_grad():  # the whole-sequence scan, its final state left in the cache
+            self.module(inputs_embeds=call.inputs, cache_params=cache, use_cache=True)
+        finals = [cache.get_recurrent_state(k).reshape(call.batch, 1, -1)
+                  for k in range(self.num_layers)]  # (B, 1, d_inner·N) each
+        ref.final = torch.cat(finals, dim=-1)[:, 0]
+        diffs = [scaled_diff(f, ref.extra["parts"][k][1][:, -1:]) for k, f in enumerate(finals)]
+        ref.extra["final_vs_step"] = (max(d[0] for d in diffs), max(d[1] for d in diffs))
+        return ref
 
     # the blocks' RMSNorms in the hand cell's dtype (the package rounds them to float32)
     def pre(self, k, m, x):
