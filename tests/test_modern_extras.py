@@ -20,7 +20,8 @@ for entry in registry.FAMILIES:
     mod, cls = entry.split(":")
     if "official" in mod or mod.rsplit(".", 1)[1] in (
             "xlstm_slstm", "xlstm_mlstm", "mingru_pytorch", "hf_mamba", "hf_mamba2", "mambapy",
-            "hf_rwkv", "hf_rglru", "hf_mamba2_mixers", "hf_kda", "rwkv7", "hf_xlstm"):
+            "hf_rwkv", "hf_rglru", "hf_mamba2_mixers", "hf_kda", "rwkv7", "hf_xlstm",
+            "hf_falcon_mamba", "hf_jamba"):
         family = getattr(__import__(mod, fromlist=[cls]), cls)
         assert not family.opens(torch.nn.Linear(2, 2)), cls
 print(sorted(n for n in {BLOCKED!r} if sys.modules.get(n) is not None))

@@ -147,6 +147,46 @@ class XLSTM(nn.Module):
         return self.lm(ids).logits
 
 
+class Falcon(nn.Module):
+    """A small FalconMambaForCausalLM; its backbone reads the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.FalconMambaForCausalLM(transformers.FalconMambaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, state_size=4, num_hidden_layers=2,
+            conv_kernel=3, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        return ids
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
+class Jamba(nn.Module):
+    """A small JambaForCausalLM (a Mamba layer, then an attention layer); its mixer reads
+    the normed embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        self.lm = transformers.JambaForCausalLM(transformers.JambaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, num_experts=1,
+            attn_layer_period=2, attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=3,
+            mamba_dt_rank=2, use_cache=False))
+
+    def features(self, ids: Tensor) -> Tensor:
+        m = self.lm.model
+        return m.layers[0].input_layernorm(m.embed_tokens(ids))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.lm(ids).logits
+
+
 def rwkv7() -> tuple[nn.Module, str]:
     """The rwkv package's RWKV-7 (tests/rwkv7_models.py) in ``RWKV7LM``, which the family
     opens itself (path ""); it reads the ids."""
@@ -176,6 +216,8 @@ NO_RECIPE: dict[str, Callable[[], tuple[nn.Module, str]]] = {
     "hf-kda": lambda: (Kimi(), "lm.model.layers.0.self_attn"),
     "hf-xlstm": lambda: (XLSTM(), "lm.backbone.blocks.0"),
     "rwkv7": rwkv7,
+    "hf-falcon-mamba": lambda: (Falcon(), "lm.backbone"),
+    "hf-jamba": lambda: (Jamba(), "lm.model.layers.0.mamba"),
 }
 
 
