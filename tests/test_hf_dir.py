@@ -260,7 +260,7 @@ def test_a_model_with_no_recurrent_module_and_one_with_two(tmp_path):
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=20, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     gpt.save_pretrained(tmp_path / "gpt")
-    with pytest.raises(GatelensError, match="GPT2LMHeadModel has no recurrent module gatelens"):
+    with pytest.raises(GatelensError, match="GPT2LMHeadModel: nothing in it is a recurrence"):
         load_hf(tmp_path / "gpt")
     two = nn.Sequential(nn.Embedding(5, 3), nn.LSTM(3, 4, batch_first=True))
     two.add_module("again", nn.GRU(4, 4, batch_first=True))

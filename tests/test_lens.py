@@ -202,7 +202,7 @@ def test_model_that_is_the_module_writes_to_model_dir(tmp_path: Path) -> None:
 
 
 def test_errors() -> None:
-    with pytest.raises(GatelensError, match="Sequential has no recurrent module"):
+    with pytest.raises(GatelensError, match="Sequential: nothing in it is a recurrence"):
         gatelens.Lens(nn.Sequential(nn.Linear(2, 2)))
     lens = gatelens.Lens(CharLM(), vocab=CHARS)
     with pytest.raises(GatelensError, match=r"character 'Z' at position 5 "):

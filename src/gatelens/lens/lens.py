@@ -30,8 +30,9 @@ from torch.nn.utils.rnn import PackedSequence
 from gatelens.analysis.settings import AnalysisSettings
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
-from gatelens.families.registry import family_of, supported
+from gatelens.families.registry import family_of
 from gatelens.families.torch_ops import as_computed
+from gatelens.families.unopened import nothing_opened
 from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
 from gatelens.lens.logits import candidates, find_logits, recurrent_outputs
 from gatelens.lens.run import Run
@@ -150,8 +151,7 @@ class Lens:
                 self.families[path] = fam
         self.modules = {path: fam.module for path, fam in self.families.items()}
         if not self.families:
-            raise GatelensError(f"{type(model).__name__} has no recurrent module for gatelens "
-                                f"to open (it opens {supported()})")
+            raise GatelensError(nothing_opened(model))
         self._check_vocab()
 
     def run(self, ids: Tensor, edits: Sequence[Edit] = ()) -> RunResult:

@@ -248,11 +248,11 @@ def _config_overrides(raw: dict) -> tuple[dict, tuple[str, ...]]:
 
 
 def _check_opened(model: nn.Module, d: Path) -> None:
-    from gatelens.families.registry import family_of, supported
+    from gatelens.families.registry import family_of
+    from gatelens.families.unopened import nothing_opened
 
     if not any(family_of(m) is not None for m in model.modules()):
-        raise GatelensError(f"{d}: {type(model).__name__} has no recurrent module gatelens "
-                            f"opens (it opens {supported()})")
+        raise GatelensError(f"{d}: {nothing_opened(model)}")
 
 
 def _tokenizer(d: Path, trust_remote_code: bool) -> Any | None:
