@@ -41,6 +41,7 @@ bench: install
 	$(PY) benchmarks/bench_study.py
 	$(PY) benchmarks/bench_modern.py
 	$(PY) benchmarks/bench_patching.py
+	$(PY) benchmarks/bench_families_2026.py
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache
