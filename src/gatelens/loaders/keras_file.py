@@ -204,6 +204,21 @@ def build_layer(name: str, kf: KerasFile, recurrent_activation: str | None = Non
     return mod
 
 
+def _inferred(name: str, mod: nn.Module, alone: str) -> str:
+    """What a weights-only file's layer was read as, and from what (one line)."""
+    info = mod.keras_layer
+    if info["class"].startswith("CuDNN"):
+        how = ("bias of 2 x 4H (GRU 2 x 3H): CuDNN's input and recurrent biases, both added; "
+               "sigmoid and tanh, CuDNN's only activations")
+    else:
+        how = (f"recurrent activation {info['recurrent_activation']} as given, activation "
+               "tanh assumed" + ("" if info["reset_after"] is None else
+                                 f", reset_after={info['reset_after']} from the bias's shape"))
+    return (f"weights-only file (no model_config): layer {name!r} read by its group name as "
+            f"{info['class']} from its weights' shapes ({how})"
+            + (f"; layers with weights, not recurrent, left alone: {alone}" if alone else ""))
+
+
 def open_keras(path: str | os.PathLike, recurrent_activation: str | None = None
                ) -> dict[str, nn.Module]:
     """Every LSTM and GRU layer of a Keras file, by layer name, as a module.
@@ -225,9 +240,15 @@ def open_keras(path: str | os.PathLike, recurrent_activation: str | None = None
     ('LSTM', 'CuDNNLSTM', 8.0)
     """
     kf = read_keras(path)
+    alone = "; ".join(f"{k} ({v})" for k, v in kf.skipped.items())
     if not kf.weights:
-        raise GatelensError(f"{path}: no LSTM or GRU layer with weights in this Keras file")
+        raise GatelensError(f"{path}: no LSTM or GRU layer with weights in this Keras file"
+                            + (f"; layers with weights, left alone: {alone}" if alone else ""))
     mods = {name: build_layer(name, kf, recurrent_activation) for name in kf.weights}
+    for name, mod in mods.items():
+        mod.keras_layer["left_alone"] = dict(kf.skipped)
+        weights_only = kf.configs is None
+        mod.keras_layer["inferred"] = _inferred(name, mod, alone) if weights_only else None
     mask = masking_layer(kf.configs)
     for mod in mods.values():  # Keras skips masked steps; the module alone does not
         mod.keras_layer["mask"] = None if mask is None else {"layer": mask[0], "how": mask[1]}
