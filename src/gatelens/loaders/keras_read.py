@@ -12,7 +12,10 @@ JSON and arrays). Four layouts (docs/formats.md):
   ``keras_version`` and ``model_config`` (JSON), group ``model_weights`` with
   ``layer_names``, each layer group listing its ``weight_names`` (``lstm_1/kernel:0``, or
   ``model/layer/lstm_cell/kernel``).
-- **Keras 2 weights file** (``save_weights``): the same layer groups at the root, no config.
+- **Keras 2 weights file** (``save_weights``): the same layer groups at the root, no config;
+  a group is recurrent when it holds a recurrent kernel, the others are left alone
+  (``KerasFile.skipped``). ``layer_names`` may be split into ``layer_names0``, … (Keras 2
+  past HDF5's 64 KB attribute limit).
 
 A recurrent layer's weights come back as {direction: {"kernel", "recurrent_kernel",
 "bias"}} with direction "forward" (and "backward" under a Bidirectional).
