@@ -8,9 +8,10 @@ The builders below write those layouts: root attributes ``keras_version`` and ``
 ``layer_names`` (also split into ``layer_names0``, ``layer_names1`` as Keras does past 64 KB),
 one group per layer with its ``weight_names`` (``rnn_1/kernel:0``; a Bidirectional's as
 ``forward_gru_1`` path components, as TensorFlow's uniquified ``kernel_1:0``, or as
-``param_N``). The opened modules are checked against float64 re-computations of the CuDNN
-LSTM and of Keras 2.0's GRU (reset gate before the recurrent matmul, hard_sigmoid =
-clip(0.2·x + 0.5, 0, 1)) written here from the raw arrays: no Keras involved.
+``param_N``). The opened modules are checked against float64 re-computations, written
+here from the raw arrays (no Keras involved), of the CuDNN LSTM (each gate block read as
+cuDNN reads the buffer Keras hands it) and of Keras 2.0's GRU (reset gate before the
+recurrent matmul, hard_sigmoid = clip(0.2·x + 0.5, 0, 1)).
 """
 
 from __future__ import annotations
@@ -42,15 +43,19 @@ def _sig(z):
 
 
 def cudnn_lstm(x, k, r, b):
-    """CuDNN's LSTM (gates i, f, c, o; input and recurrent biases both added), float64."""
+    """Keras 2's CuDNNLSTM as cuDNN computes it, float64: each gate's (I, H) kernel block and
+    (H, H) recurrent block reach cuDNN flattened row-major as its (H, I) and (H, H) matrices
+    W, R (``_canonical_to_params``); gates i, f, c, o; g = W x + R h + b_W + b_R."""
     x, k, r, b = (np.asarray(a, np.float64) for a in (x, k, r, b))
-    n = r.shape[0]
+    n, n_in = r.shape[0], k.shape[0]
+    W = [k[:, g * n : (g + 1) * n].reshape(-1).reshape(n, n_in) for g in range(4)]
+    R = [r[:, g * n : (g + 1) * n].reshape(-1).reshape(n, n) for g in range(4)]
     h, c, out = np.zeros((x.shape[0], n)), np.zeros((x.shape[0], n)), {"h": [], "c": []}
     for t in range(x.shape[1]):
-        z = x[:, t] @ k + b[: 4 * n] + h @ r + b[4 * n :]
-        i, f, g, o = _sig(z[:, :n]), _sig(z[:, n : 2 * n]), np.tanh(z[:, 2 * n : 3 * n]), \
-            _sig(z[:, 3 * n :])
-        c = f * c + i * g
+        z = [x[:, t] @ W[g].T + h @ R[g].T + b[g * n : (g + 1) * n]
+             + b[(4 + g) * n : (5 + g) * n] for g in range(4)]
+        i, f, gg, o = _sig(z[0]), _sig(z[1]), np.tanh(z[2]), _sig(z[3])
+        c = f * c + i * gg
         h = o * np.tanh(c)
         out["h"].append(h)
         out["c"].append(c)

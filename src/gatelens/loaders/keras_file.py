@@ -5,7 +5,8 @@ zipfile (``keras_read.py``) and builds, per recurrent layer (by layer name):
 
 - an exact ``nn.LSTM`` for an LSTM with recurrent activation sigmoid and activation tanh,
   and for a CuDNNLSTM (bias 8H = [input half, recurrent half]); Keras' gate order i, f, c, o
-  is PyTorch's i, f, g, o; kernel (I, 4H) and recurrent kernel (H, 4H) transposed;
+  is PyTorch's i, f, g, o; kernel (I, 4H) and recurrent kernel (H, 4H) transposed (a CuDNN
+  layer's gate blocks are cuDNN's own matrices, read as cuDNN reads them: ``_cudnn_rows``);
 - an exact ``nn.GRU`` for a GRU with ``reset_after = True`` and sigmoid/tanh (bias (2, 3H):
   input and recurrent halves), and for a CuDNNGRU (bias 6H); Keras' z, r, h reordered to
   r, z, n (z keeps in both);
@@ -147,6 +148,19 @@ def _rows(a: np.ndarray, kind: str, H: int) -> np.ndarray:
     return np.concatenate([a[k * H : (k + 1) * H] for k in (1, 0, 2)], axis=0)
 
 
+def _cudnn_rows(w: dict[str, np.ndarray], gates: int, I: int, H: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(W_ih, W_hh) of a CuDNN layer, (gates·H, I) and (gates·H, H), Keras' gate order.
+
+    Keras 2's CuDNNLSTM/CuDNNGRU hand each gate's (I, H) kernel block to cuDNN flattened in
+    row-major order as cuDNN's (H, I) matrix: the gate computes ``k.reshape(H, I) @ x``, and
+    its (H, H) recurrent block ``r @ h`` (Keras 2's ``preprocess_weights_for_loading``
+    converts them for an LSTM as ``k.T.reshape(k.shape, order="F")`` and ``r.T``)."""
+    k, r = w["kernel"], w["recurrent_kernel"]
+    return (np.concatenate([k[:, g * H : (g + 1) * H].reshape(H, I) for g in range(gates)]),
+            np.concatenate([r[:, g * H : (g + 1) * H] for g in range(gates)]))
+
+
 def build_layer(name: str, kf: KerasFile, recurrent_activation: str | None = None) -> nn.Module:
     """The module of one recurrent layer of ``kf`` (see the module docstring)."""
     where = kf.path
@@ -168,7 +182,9 @@ def build_layer(name: str, kf: KerasFile, recurrent_activation: str | None = Non
             raise GatelensError(f"{where}: layer {name!r} is {w['kernel'].dtype}; gatelens "
                                 "reads float32 and float64 weights")
         b_ih, b_hh = _biases(w, facts, G, where, name)
-        for key, a in (("w_ih", w["kernel"].T), ("w_hh", w["recurrent_kernel"].T),
+        w_ih, w_hh = (_cudnn_rows(w, G // H, I, H) if facts["cudnn"] else
+                      (w["kernel"].T, w["recurrent_kernel"].T))
+        for key, a in (("w_ih", w_ih), ("w_hh", w_hh),
                        ("b_ih", b_ih), ("b_hh", b_hh)):
             parts[key].append(_rows(a, kind, H))
     exact = facts["rec"] == "sigmoid" and facts["act"] == "tanh" and (
