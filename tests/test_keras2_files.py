@@ -256,6 +256,18 @@ def test_missing_and_misshapen_weights_fail_in_one_line(tmp_path):
     with pytest.raises(GatelensError, match=r"layer 'gru_2' \(forward\): kernel \(8, 13\) and "
                                             r"recurrent kernel \(4, 12\) do not fit"):
         open_keras(tmp_path / "shape.h5")
+    write_shakkala(tmp_path / "k1.h5", fw, bw, gru2)
+    with h5py.File(tmp_path / "k1.h5", "a") as f:  # Keras 1: 9 arrays, W_z, U_z, b_z, …
+        g = f["model_weights/gru_2"]
+        for n in list(g.attrs["weight_names"]):
+            del g[n.decode()]
+        k1 = [f"gru_2_{m}_{gate}" for gate in "zrh" for m in "WUb"]
+        for n in k1:
+            g.create_dataset(n, data=_arr(H))
+        g.attrs["weight_names"] = [n.encode() for n in k1]
+    with pytest.raises(GatelensError, match=r"layer 'gru_2' \(GRU\) holds 9 arrays per "
+                                            r"direction, Keras 1's layout"):
+        open_keras(tmp_path / "k1.h5")
     write_shakkala(tmp_path / "bias.h5", fw, bw, (*gru2[:2], _arr(2 * H)))
     with pytest.raises(GatelensError, match=r"layer 'gru_2': bias of shape \(8,\)"):
         open_keras(tmp_path / "bias.h5")

@@ -191,6 +191,10 @@ def _legacy_layer(group: Any, names: list[str], layer: str, config: dict | None,
             else ["forward"]
         if any(_kind(n) not in KINDS for n in names):  # names that do not say (param_0)
             per = len(names) // len(dirs)
+            if per in (9, 12) and per * len(dirs) == len(names):
+                raise GatelensError(f"{path}: layer {layer!r} ({cls}) holds {per} arrays per "
+                                    "direction, Keras 1's layout (W_*, U_*, b_* per gate), "
+                                    "which gatelens does not read")
             if per in (2, 3) and per * len(dirs) == len(names):
                 found = {d: {KINDS[j]: np.asarray(group[names[i * per + j]])
                              for j in range(per)} for i, d in enumerate(dirs)}
