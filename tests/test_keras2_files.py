@@ -268,6 +268,11 @@ def test_missing_and_misshapen_weights_fail_in_one_line(tmp_path):
     with pytest.raises(GatelensError, match=r"layer 'gru_2' \(GRU\) holds 9 arrays per "
                                             r"direction, Keras 1's layout"):
         open_keras(tmp_path / "k1.h5")
+    write_shakkala(tmp_path / "cfg.h5", fw, bw, gru2)
+    with h5py.File(tmp_path / "cfg.h5", "a") as f:  # gru_2's config renamed away
+        f.attrs["model_config"] = str(f.attrs["model_config"]).replace('"gru_2"', '"gru_9"')
+    with pytest.raises(GatelensError, match="weights of 'gru_2' .* have no layer of that name"):
+        open_keras(tmp_path / "cfg.h5")
     write_shakkala(tmp_path / "bias.h5", fw, bw, (*gru2[:2], _arr(2 * H)))
     with pytest.raises(GatelensError, match=r"layer 'gru_2': bias of shape \(8,\)"):
         open_keras(tmp_path / "bias.h5")

@@ -214,6 +214,9 @@ def _read_legacy(root: Any, path: str, form: str, version: str | None,
 
     def read(group: Any, layer: str, names: list[str], label: str) -> None:
         cfg = None if configs is None else configs.get(layer, {})
+        if cfg == {} and any(_kind(n) == "recurrent_kernel" for n in names):
+            raise GatelensError(f"{path}: weights of {layer!r} (a recurrent kernel among them) "
+                                "have no layer of that name in the model config")
         w = _legacy_layer(group, names, layer, cfg, path)
         if w is not None:
             kf.weights[layer], kf.groups[layer] = w, label
