@@ -284,8 +284,8 @@ def test_cli_opens_the_weights_only_file_and_refuses_a_broken_one(tmp_path, caps
     text = tmp_path / "text.txt"
     text.write_text(("abc defg\nhab " * 40)[:400], encoding="utf-8")
     write_textgenrnn(tmp_path / "w.hdf5", _lstm_weights(E), _lstm_weights(H))
-    args = ["analyze", "--vocab", str(vocab), "--text", str(text), "--windows", "2",
-            "--length", "30", "--perturb-pos", "8", "--quiet", "--prefix", "rnn_1",
+    args = ["analyze", "--vocab", str(vocab), "--text", str(text), "--windows", "1",
+            "--length", "16", "--perturb-pos", "4", "--quiet", "--prefix", "rnn_1",
             "--embed-tensor", "embedding"]
     assert main([*args, "--weights", str(tmp_path / "w.hdf5"), "--out",
                  str(tmp_path / "out")]) == 0
