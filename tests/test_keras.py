@@ -188,15 +188,26 @@ def test_keras2_hard_sigmoid_lstm_written_with_h5py(tmp_path):
     assert np.abs(_h(_readout(m3, torch.from_numpy(x))) - want).max() > 1e-3
 
 
+def _to_cudnn(k, r, gates):
+    """A Keras LSTM's/GRU's kernels in a CuDNN layer's layout: Keras 2's own conversion
+    (``preprocess_weights_for_loading``, to CuDNN): per gate ``k.T.reshape(k.shape)``, ``r.T``."""
+    n = r.shape[0]
+    blocks = [(k[:, g * n : (g + 1) * n], r[:, g * n : (g + 1) * n]) for g in range(gates)]
+    return (np.concatenate([a.T.reshape(a.shape) for a, _ in blocks], 1),
+            np.concatenate([c.T for _, c in blocks], 1), None)
+
+
 def test_cudnn_layouts_and_weights_only_files(tmp_path):
     x = RNG.normal(size=(2, T, F)).astype(np.float32)
     lstm, gru = _keras3_lstm("sigmoid"), keras.Sequential(
         [keras.Input((T, F)), L.GRU(3, return_sequences=True, reset_after=True)])
     _randomise(gru)
     want_lstm, want_gru = _np(lstm(x)), _np(gru(x))
-    k, r, b = lstm.layers[0].get_weights()
+    k, r, b = _to_cudnn(*lstm.layers[0].get_weights()[:2], 4)
+    b = lstm.layers[0].get_weights()[2]
     half = RNG.uniform(-1, 1, b.shape).astype(np.float32)  # two halves that add up to b
     gk, gr, gb = gru.layers[0].get_weights()  # gb (2, 3H): input and recurrent halves
+    gk, gr = _to_cudnn(gk, gr, 3)[:2]
     for config in (True, False):
         path = tmp_path / f"cudnn{int(config)}.h5"
         _keras2_h5(path, [{"name": "cu"}], [(k, r, np.concatenate([half, b - half]))],

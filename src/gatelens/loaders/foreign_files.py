@@ -89,6 +89,8 @@ def _note(name: str, mod: nn.Module, kind: str) -> str:
     if info.get("definition", "").startswith("clip"):
         text += (f"; hard_sigmoid = {info['definition']}, from the file's Keras version "
                  f"{info.get('keras_version')}")
+    if info.get("inferred"):
+        text += f"; {info['inferred']}"
     return text
 
 

@@ -5,7 +5,8 @@ zipfile (``keras_read.py``) and builds, per recurrent layer (by layer name):
 
 - an exact ``nn.LSTM`` for an LSTM with recurrent activation sigmoid and activation tanh,
   and for a CuDNNLSTM (bias 8H = [input half, recurrent half]); Keras' gate order i, f, c, o
-  is PyTorch's i, f, g, o; kernel (I, 4H) and recurrent kernel (H, 4H) transposed;
+  is PyTorch's i, f, g, o; kernel (I, 4H) and recurrent kernel (H, 4H) transposed (a CuDNN
+  layer's gate blocks are cuDNN's own matrices, read as cuDNN reads them: ``_cudnn_rows``);
 - an exact ``nn.GRU`` for a GRU with ``reset_after = True`` and sigmoid/tanh (bias (2, 3H):
   input and recurrent halves), and for a CuDNNGRU (bias 6H); Keras' z, r, h reordered to
   r, z, n (z keeps in both);
@@ -147,6 +148,19 @@ def _rows(a: np.ndarray, kind: str, H: int) -> np.ndarray:
     return np.concatenate([a[k * H : (k + 1) * H] for k in (1, 0, 2)], axis=0)
 
 
+def _cudnn_rows(w: dict[str, np.ndarray], gates: int, I: int, H: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(W_ih, W_hh) of a CuDNN layer, (gates·H, I) and (gates·H, H), Keras' gate order.
+
+    Keras 2's CuDNNLSTM/CuDNNGRU hand each gate's (I, H) kernel block to cuDNN flattened in
+    row-major order as cuDNN's (H, I) matrix: the gate computes ``k.reshape(H, I) @ x``, and
+    its (H, H) recurrent block ``r @ h`` (Keras 2's ``preprocess_weights_for_loading``
+    converts them for an LSTM as ``k.T.reshape(k.shape, order="F")`` and ``r.T``)."""
+    k, r = w["kernel"], w["recurrent_kernel"]
+    return (np.concatenate([k[:, g * H : (g + 1) * H].reshape(H, I) for g in range(gates)]),
+            np.concatenate([r[:, g * H : (g + 1) * H] for g in range(gates)]))
+
+
 def build_layer(name: str, kf: KerasFile, recurrent_activation: str | None = None) -> nn.Module:
     """The module of one recurrent layer of ``kf`` (see the module docstring)."""
     where = kf.path
@@ -168,7 +182,9 @@ def build_layer(name: str, kf: KerasFile, recurrent_activation: str | None = Non
             raise GatelensError(f"{where}: layer {name!r} is {w['kernel'].dtype}; gatelens "
                                 "reads float32 and float64 weights")
         b_ih, b_hh = _biases(w, facts, G, where, name)
-        for key, a in (("w_ih", w["kernel"].T), ("w_hh", w["recurrent_kernel"].T),
+        w_ih, w_hh = (_cudnn_rows(w, G // H, I, H) if facts["cudnn"] else
+                      (w["kernel"].T, w["recurrent_kernel"].T))
+        for key, a in (("w_ih", w_ih), ("w_hh", w_hh),
                        ("b_ih", b_ih), ("b_hh", b_hh)):
             parts[key].append(_rows(a, kind, H))
     exact = facts["rec"] == "sigmoid" and facts["act"] == "tanh" and (
@@ -204,6 +220,21 @@ def build_layer(name: str, kf: KerasFile, recurrent_activation: str | None = Non
     return mod
 
 
+def _inferred(name: str, mod: nn.Module, alone: str) -> str:
+    """What a weights-only file's layer was read as, and from what (one line)."""
+    info = mod.keras_layer
+    if info["class"].startswith("CuDNN"):
+        how = ("bias of 2 x 4H (GRU 2 x 3H): CuDNN's input and recurrent biases, both added; "
+               "sigmoid and tanh, CuDNN's only activations")
+    else:
+        how = (f"recurrent activation {info['recurrent_activation']} as given, activation "
+               "tanh assumed" + ("" if info["reset_after"] is None else
+                                 f", reset_after={info['reset_after']} from the bias's shape"))
+    return (f"weights-only file (no model_config): layer {name!r} read by its group name as "
+            f"{info['class']} from its weights' shapes ({how})"
+            + (f"; layers with weights, not recurrent, left alone: {alone}" if alone else ""))
+
+
 def open_keras(path: str | os.PathLike, recurrent_activation: str | None = None
                ) -> dict[str, nn.Module]:
     """Every LSTM and GRU layer of a Keras file, by layer name, as a module.
@@ -225,9 +256,15 @@ def open_keras(path: str | os.PathLike, recurrent_activation: str | None = None
     ('LSTM', 'CuDNNLSTM', 8.0)
     """
     kf = read_keras(path)
+    alone = "; ".join(f"{k} ({v})" for k, v in kf.skipped.items())
     if not kf.weights:
-        raise GatelensError(f"{path}: no LSTM or GRU layer with weights in this Keras file")
+        raise GatelensError(f"{path}: no LSTM or GRU layer with weights in this Keras file"
+                            + (f"; layers with weights, left alone: {alone}" if alone else ""))
     mods = {name: build_layer(name, kf, recurrent_activation) for name in kf.weights}
+    for name, mod in mods.items():
+        mod.keras_layer["left_alone"] = dict(kf.skipped)
+        weights_only = kf.configs is None
+        mod.keras_layer["inferred"] = _inferred(name, mod, alone) if weights_only else None
     mask = masking_layer(kf.configs)
     for mod in mods.values():  # Keras skips masked steps; the module alone does not
         mod.keras_layer["mask"] = None if mask is None else {"layer": mask[0], "how": mask[1]}

@@ -12,7 +12,10 @@ JSON and arrays). Four layouts (docs/formats.md):
   ``keras_version`` and ``model_config`` (JSON), group ``model_weights`` with
   ``layer_names``, each layer group listing its ``weight_names`` (``lstm_1/kernel:0``, or
   ``model/layer/lstm_cell/kernel``).
-- **Keras 2 weights file** (``save_weights``): the same layer groups at the root, no config.
+- **Keras 2 weights file** (``save_weights``): the same layer groups at the root, no config;
+  a group is recurrent when it holds a recurrent kernel, the others are left alone
+  (``KerasFile.skipped``). ``layer_names`` may be split into ``layer_names0``, … (Keras 2
+  past HDF5's 64 KB attribute limit).
 
 A recurrent layer's weights come back as {direction: {"kernel", "recurrent_kernel",
 "bias"}} with direction "forward" (and "backward" under a Bidirectional).
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +50,7 @@ class KerasFile:
     configs: dict[str, dict] | None
     weights: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)
     groups: dict[str, str] = field(default_factory=dict)  # layer -> its group (messages)
+    skipped: dict[str, str] = field(default_factory=dict)  # layers with weights not read, why
 
 
 def _need_h5py() -> Any:
@@ -112,28 +117,122 @@ def masking_layer(configs: dict[str, dict] | None) -> tuple[str, str] | None:
 MODELS = ("Sequential", "Functional", "Model")
 
 
-def _legacy_layer(group: Any, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """A legacy layer group's weights by direction and kind; the directions of a
-    Bidirectional are the path components ``forward_*`` and ``backward_*``."""
-    parts = [n.split("/") for n in names]
-    bi = any(c.startswith("forward") for p in parts for c in p[:-1]) and any(
-        c.startswith("backward") for p in parts for c in p[:-1])
+def _attr_list(obj: Any, name: str) -> list[str]:
+    """A Keras 2 list attribute (``layer_names``, ``weight_names``), also when Keras split a
+    long one into ``name0``, ``name1``, … (over HDF5's 64 KB attribute limit)."""
+    if name in obj.attrs:
+        return _names(obj.attrs[name])
+    out, k = [], 0
+    while f"{name}{k}" in obj.attrs:
+        out += _names(obj.attrs[f"{name}{k}"])
+        k += 1
+    return out
+
+
+def _kind(name: str) -> str:
+    """kernel, recurrent_kernel or bias from a weight name (``gru_1/kernel:0``; ``kernel_1:0``
+    where TensorFlow made a repeated name unique); the last component otherwise."""
+    last = name.split("/")[-1].split(":")[0]
+    base = re.sub(r"_\d+$", "", last)
+    return base if base in KINDS else last
+
+
+def _by_names(group: Any, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """A layer group's weights by direction and kind, read from the weight names: the path
+    components ``forward_*``/``backward_*`` of a Bidirectional, or (no such components) a
+    kind's second occurrence as the backward direction."""
     out: dict[str, dict[str, np.ndarray]] = {}
-    for name, p in zip(names, parts, strict=True):
-        kind = p[-1].split(":")[0]
+    for name in names:
+        kind, where = _kind(name), name.split("/")[:-1]
         if kind not in KINDS:
             continue
-        back = bi and any(c.startswith("backward") for c in p[:-1])
-        out.setdefault("backward" if back else "forward", {})[kind] = np.asarray(group[name])
+        if any(c.startswith("backward") for c in where):
+            d = "backward"
+        elif any(c.startswith("forward") for c in where) or kind not in out.get("forward", {}):
+            d = "forward"
+        else:
+            d = "backward"
+        out.setdefault(d, {})[kind] = np.asarray(group[name])
     return out
+
+
+def _recurrent_class(layer: dict | None) -> str | None:
+    """The recurrent class of a config (the wrapped one of a Bidirectional), else None."""
+    if not isinstance(layer, dict):
+        return None
+    cls = layer.get("class_name")
+    if cls == "Bidirectional":
+        cls = (layer.get("config", {}).get("layer") or {}).get("class_name")
+    return cls if cls in RECURRENT else None
+
+
+def _legacy_layer(group: Any, names: list[str], layer: str, config: dict | None,
+                  path: str) -> dict[str, dict[str, np.ndarray]] | None:
+    """A legacy layer group's recurrent weights by direction and kind, None for a layer that
+    is not recurrent. With a config, as Keras 2's own loader does: by position (kernel,
+    recurrent kernel, bias per direction, forward first) where a name does not say its kind
+    (``param_0``); without one, a group is recurrent when it holds a recurrent kernel."""
+    found = _by_names(group, names)
+    if config is None:
+        if not any("recurrent_kernel" in w for w in found.values()):
+            k, b = (found.get("forward", {}).get(n) for n in ("kernel", "bias"))
+            if k is not None and b is not None and k.ndim == 2 and b.shape == (2 * k.shape[1],):
+                raise GatelensError(  # a Dense's bias is never twice its kernel's width
+                    f"{path}: layer {layer!r}: kernel {k.shape} and bias {b.shape} are a CuDNN "
+                    f"layer's but there is no weight 'recurrent_kernel' among its weights "
+                    f"{', '.join(names)}")
+            return None
+        cls, dirs = "recurrent layer", sorted(found)
+    else:
+        cls = _recurrent_class(config)
+        if cls is None:
+            return None
+        dirs = ["forward", "backward"] if config.get("class_name") == "Bidirectional" \
+            else ["forward"]
+        if any(_kind(n) not in KINDS for n in names):  # names that do not say (param_0)
+            per = len(names) // len(dirs)
+            if per in (9, 12) and per * len(dirs) == len(names):
+                raise GatelensError(f"{path}: layer {layer!r} ({cls}) holds {per} arrays per "
+                                    "direction, Keras 1's layout (W_*, U_*, b_* per gate), "
+                                    "which gatelens does not read")
+            if per in (2, 3) and per * len(dirs) == len(names):
+                found = {d: {KINDS[j]: np.asarray(group[names[i * per + j]])
+                             for j in range(per)} for i, d in enumerate(dirs)}
+    for d in dirs:
+        for kind in ("kernel", "recurrent_kernel"):
+            if kind not in found.get(d, {}):
+                side = f" ({d})" if len(dirs) > 1 else ""
+                raise GatelensError(f"{path}: layer {layer!r}{side} ({cls}): no weight "
+                                    f"{kind!r} among its weights "
+                                    f"{', '.join(names) or 'none'}")
+    return found
 
 
 def _read_legacy(root: Any, path: str, form: str, version: str | None,
                  configs: dict | None) -> KerasFile:
     kf = KerasFile(path, form, version, configs)
-    for layer in _names(root.attrs.get("layer_names")):
+
+    def read(group: Any, layer: str, names: list[str], label: str) -> None:
+        cfg = None if configs is None else configs.get(layer, {})
+        if cfg == {} and any(_kind(n) == "recurrent_kernel" for n in names):
+            raise GatelensError(f"{path}: weights of {layer!r} (a recurrent kernel among them) "
+                                "have no layer of that name in the model config")
+        w = _legacy_layer(group, names, layer, cfg, path)
+        if w is not None:
+            kf.weights[layer], kf.groups[layer] = w, label
+        elif names:
+            what = (cfg or {}).get("class_name") or "no recurrent kernel"
+            kf.skipped[layer] = f"{what}: {', '.join(sorted({_kind(n) for n in names}))}"
+
+    for layer in _attr_list(root, "layer_names"):
+        if layer not in root:
+            raise GatelensError(f"{path}: layer {layer!r} is in layer_names but has no group")
         group = root[layer]
-        names = _names(group.attrs.get("weight_names"))
+        names = _attr_list(group, "weight_names")
+        missing = [n for n in names if n not in group]
+        if missing:
+            raise GatelensError(f"{path}: layer {layer!r}: weight {missing[0]!r} is in "
+                                "weight_names but not in the file")
         if configs is not None and configs.get(layer, {}).get("class_name") in MODELS:
             by: dict[str, list[str]] = {}  # a nested model: its layers' weights by their name
             for n in names:
@@ -141,11 +240,9 @@ def _read_legacy(root: Any, path: str, form: str, version: str | None,
                 if sub is not None:
                     by.setdefault(sub, []).append(n)
             for sub, mine in by.items():
-                kf.weights[sub], kf.groups[sub] = _legacy_layer(group, mine), layer
+                read(group, sub, mine, layer)
             continue
-        w = _legacy_layer(group, names)
-        if w:
-            kf.weights[layer], kf.groups[layer] = w, layer
+        read(group, layer, names, layer)
     return kf
 
 
@@ -221,7 +318,7 @@ def read_keras(path: str | Path) -> KerasFile:
                 version = version or (_text(root.attrs["keras_version"])
                                       if "keras_version" in root.attrs else None)
                 return _read_legacy(root, str(p), "legacy-h5", version, configs)
-            if "layer_names" in f.attrs:
+            if "layer_names" in f.attrs or "layer_names0" in f.attrs:
                 return _read_legacy(f, str(p), "keras2-weights", version, None)
             if "layers" in f:
                 return _read_keras3(f, str(p), "keras3-weights", version, None)
@@ -261,12 +358,12 @@ def layer_arrays(path: str | Path, name: str) -> list[np.ndarray]:
     else:
         with h5py.File(p, "r") as f:
             root = f["model_weights"] if "model_weights" in f else f
-            if "layer_names" in root.attrs:
-                for layer in _names(root.attrs["layer_names"]):
+            if "layer_names" in root.attrs or "layer_names0" in root.attrs:
+                for layer in _attr_list(root, "layer_names"):
                     seen.append(layer)
                     if layer == name:
                         g = root[layer]
-                        found = [np.asarray(g[n]) for n in _names(g.attrs.get("weight_names"))]
+                        found = [np.asarray(g[n]) for n in _attr_list(g, "weight_names")]
             else:
                 found = keras3(f)
     if not found:
