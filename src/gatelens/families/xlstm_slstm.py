@@ -154,7 +154,7 @@ class XLSTMStack(OfficialFamily):
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
-        kinds = sorted({_kind(b) for b in module.blocks})
+        kinds = sorted({type(layer).__name__ for layer in self.layers})
         if kinds != [self.kind]:
             raise GatelensError(f"xlstm: a stack mixing {' and '.join(kinds)} blocks "
                                 "(slstm_at) is not supported; open a stack of one kind")
