@@ -76,7 +76,8 @@ def test_one_step_passes_and_one_weight_of_one_block_off_by_a_tenth_of_a_percent
     rows = fam.one_step(call, ref)
     assert len(rows) == 3 and max(r.max_scaled_diff_h for r in rows) < 1e-5
     assert gatelens.verify(fam.module, _x()).passed
-    for k, wrong in ((1, "xlstm.zgate.weight"), (0, "xlstm.v_proj.weight"), (2, "xlstm.proj_down.weight")):
+    for k, wrong in ((1, "xlstm.zgate.weight"), (0, "xlstm.v_proj.weight"),
+                     (2, "xlstm.proj_down.weight")):
         fresh = XLSTMMixedFamily(fam.module)
         with torch.no_grad():  # one weight of one block's float64 copy off by 1e-3 relative
             fresh.float64().blocks[k].get_parameter(wrong).mul_(1.001)
@@ -134,8 +135,10 @@ def test_lens_analyzes_a_mixed_lm_end_to_end(tmp_path):
     lens = gatelens.Lens(_lm(), vocab=VOCAB)
     ((path, fam),) = lens.families.items()
     assert fam.name == "xlstm-mixed" and path == "xlstm_block_stack"
-    ids, chars, _ = lens.windows(TEXT, 2, 24)
-    a = lens.measure(path, ids, chars, perturb_pos=6, exponents=1)
+    result = lens.analyze(TEXT, windows=2, length=16, perturb_pos=6, out=tmp_path,
+                          exponents=1)
+    assert (tmp_path / "xlstm_block_stack" / "report.json").exists()
+    a = result.analyses[path]
     rep = a.report
     check_report(rep)
     jsonschema.validate(rep, schema())
@@ -155,7 +158,15 @@ def test_lens_analyzes_a_mixed_lm_end_to_end(tmp_path):
                        dim=-1).double()
     assert torch.allclose(dec["forget_path"][:, 7], keep_s[:, 7] * ds[:, 6], atol=1e-6)
     assert rep["perturbation"]["half_life_forget_only"] is not None
-    result = lens.analyze(TEXT, windows=2, length=24, perturb_pos=6, out=tmp_path,
-                          exponents=1)
-    (written,) = result.reports
-    assert (tmp_path / written / "report.json").exists()
+
+
+def test_the_recipe_builds_one_slstm_block_among_mlstm_blocks_and_refuses_one_kind():
+    from gatelens.errors import GatelensError
+    from gatelens.families.xlstm_mixed import MIXED_RECIPE
+
+    s = MIXED_RECIPE.settings
+    stack = MIXED_RECIPE.build(D, 8, 3, heads=HEADS, settings=s)
+    assert XLSTMMixedFamily(stack).kinds == ["mLSTMLayer", "sLSTMLayer", "mLSTMLayer"]
+    assert MIXED_RECIPE.check(8, 1, HEADS) is not None and MIXED_RECIPE.check(8, 2, 2) is None
+    with pytest.raises(GatelensError, match="leaves no sLSTM or no mLSTM block"):
+        MIXED_RECIPE.build(D, 8, 2, heads=HEADS, settings={**s, "slstm_at": [5]})

@@ -27,12 +27,24 @@ True
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
+from gatelens.errors import GatelensError
+from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
-from gatelens.families.xlstm_mlstm import XLSTMMLSTMFamily
-from gatelens.families.xlstm_slstm import _STACK, XLSTMSLSTMFamily, XLSTMStack, _kind
+from gatelens.families.xlstm_mlstm import MLSTM_RECIPE, XLSTMMLSTMFamily, mlstm_block
+from gatelens.families.xlstm_slstm import (
+    _STACK,
+    SLSTM_RECIPE,
+    XLSTMSLSTMFamily,
+    XLSTMStack,
+    _kind,
+    slstm_block,
+    xlstm_stack,
+)
 
 XLSTM_MIXED = CellSpec(
     name="xlstm_mixed", kind="xlstm", chunks=("i", "f"),
@@ -42,6 +54,31 @@ XLSTM_MIXED = CellSpec(
              "i": "input exp(ĩ − m')", "s": "state: sLSTM c/n, mLSTM (C, n)·e^m per head"})
 
 _KINDS = {"mLSTMLayer": XLSTMMLSTMFamily, "sLSTMLayer": XLSTMSLSTMFamily}
+
+
+def _build_mixed(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
+                 **_: object) -> nn.Module:
+    at = [k for k in settings["slstm_at"] if 0 <= k < layers]
+    if not at or len(at) == layers:
+        raise GatelensError(f"xlstm-mixed: slstm_at {settings['slstm_at']} in {layers} blocks "
+                            "leaves no sLSTM or no mLSTM block")
+    block = {"mlstm_block": mlstm_block(settings, heads),
+             "slstm_block": slstm_block(settings, heads), "slstm_at": at}
+    return xlstm_stack(block, hidden, layers, settings["context_length"])
+
+
+def _check_mixed(hidden: int, layers: int, heads: int) -> str | None:
+    return None if layers >= 2 else "xlstm-mixed needs --layers 2 or more (mLSTM and sLSTM)"
+
+
+#: ``--cell xlstm-mixed``: the [7:1] pattern scaled down, one sLSTM block (at 1) among the
+#: mLSTM blocks; each kind's settings as ``--cell xlstm-mlstm`` / ``xlstm-slstm`` set them
+MIXED_RECIPE = Recipe(
+    "xlstm-mixed", "xlstm's xLSTMBlockStack of mLSTM blocks with an sLSTM block at 1 (--heads)",
+    _build_mixed, reads="embedded", flags=frozenset({"heads"}), package=("xlstm", "xlstm"),
+    settings={**MLSTM_RECIPE.settings, **SLSTM_RECIPE.settings, "slstm_at": [1]},
+    multiple=lambda heads: math.lcm(heads, MLSTM_RECIPE.size_multiple(heads)),
+    check=_check_mixed, keep_words="xlstm's sLSTM κ and mLSTM head f")
 
 
 def _view(cls: type[XLSTMStack], module: nn.Module, blocks: list[int]) -> XLSTMStack:
@@ -104,6 +141,7 @@ class XLSTMMixedFamily(XLSTMStack):
     cell_name = "xlstm_mixed"
     specs = (XLSTM_MIXED,)
     units_name = "head (mLSTM blocks), channel (sLSTM blocks)"
+    recipe = MIXED_RECIPE
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
