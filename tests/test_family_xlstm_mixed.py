@@ -170,3 +170,22 @@ def test_the_recipe_builds_one_slstm_block_among_mlstm_blocks_and_refuses_one_ki
     assert MIXED_RECIPE.check(8, 1, HEADS) is not None and MIXED_RECIPE.check(8, 2, 2) is None
     with pytest.raises(GatelensError, match="leaves no sLSTM or no mLSTM block"):
         MIXED_RECIPE.build(D, 8, 2, heads=HEADS, settings={**s, "slstm_at": [5]})
+
+
+def test_the_dynamics_replay_the_stack_and_pool_each_blocks_own_units():
+    fam = XLSTMMixedFamily(_stack())
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    (dyn,) = fam.dynamics(call, ref)
+    parts = list(dyn.initial)
+    for t in dyn.order:  # the float64 step from zeros along the module's own run
+        parts = dyn.step(dyn.inputs[:, t], parts)
+        for got, want in zip(parts, dyn.trajectory, strict=True):
+            assert torch.allclose(got, want[:, t], rtol=1e-4, atol=1e-5), t
+        parts = [p[:, t] for p in dyn.trajectory]  # anchored: the next step from the module's
+    # units 0 … 1: block 0's heads, 2 … 17: block 1's channels, 18 … 19: block 2's heads
+    owned = dyn.units[dyn.units >= 0]
+    assert sorted(set(owned.tolist())) == list(range(HEADS + D + HEADS))
+    widths = [sum(p.shape[-1] for p in fam.initial_parts(k, 1)) for k in range(3)]
+    per = torch.split(dyn.units, widths)
+    assert set(per[1][per[1] >= 0].tolist()) == set(range(HEADS, HEADS + D))
