@@ -34,6 +34,7 @@ OFFICIAL_CELLS = tuple(n for n, r in builtin_recipes().items() if r.official)
 PACKAGES = {n: builtin_recipes()[n].package for n in OFFICIAL_CELLS}
 SIZES = {"xlstm-slstm": {"hidden": 8, "heads": 2, "layers": 2},
          "xlstm-mlstm": {"hidden": 8, "heads": 2, "layers": 2},
+         "xlstm-mixed": {"hidden": 8, "heads": 2, "layers": 2},
          "mingru-pytorch": {"hidden": 8, "layers": 2}, "hf-mamba": {"hidden": 8, "layers": 2},
          "hf-mamba2": {"hidden": 8, "layers": 2}, "hf-rwkv": {"hidden": 8, "layers": 2},
          "mambapy": {"hidden": 8, "layers": 2},
@@ -43,6 +44,7 @@ SMALL = {"steps": 4, "seq": 16, "batch": 4, "eval_every": 2, "val_windows": 2}
 #: where each package's module keeps a tensor of its recurrence (its own name, under rnn.)
 OWN_NAME = {"xlstm-slstm": "rnn.blocks.0.xlstm.slstm_cell._recurrent_kernel_",
             "xlstm-mlstm": "rnn.blocks.1.xlstm.mlstm_cell.fgate.weight",
+            "xlstm-mixed": "rnn.blocks.1.xlstm.slstm_cell._recurrent_kernel_",
             "mingru-pytorch": "rnn.layers.0.2.to_hidden_and_gate.weight",
             "hf-mamba": "rnn.layers.1.mixer.A_log", "hf-mamba2": "rnn.layers.0.mixer.A_log",
             "hf-rwkv": "rnn.blocks.1.attention.time_decay", "mambapy": "rnn.layers.1.mixer.A_log",
@@ -108,7 +110,7 @@ def test_parameter_count_is_the_built_modules(cell):
         target = parameter_count({"cell": "lstm", "hidden": 12, "layers": 1}, 30)
         block = model_config(cfg)
         h = matched_hidden(block, target, 30)
-        step = {"xlstm-slstm": 2, "xlstm-mlstm": 2, "hf-mamba2": 8,
+        step = {"xlstm-slstm": 2, "xlstm-mlstm": 2, "xlstm-mixed": 2, "hf-mamba2": 8,
                 "hf-gated-deltanet": 16, "hf-rglru": 16}.get(cell, 1)
         assert h % step == 0
         gaps = [abs(parameter_count({**block, "hidden": k}, 30) - target)

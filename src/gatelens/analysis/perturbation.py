@@ -40,6 +40,7 @@ from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none, pooled
 from gatelens.analysis.units import half_life
+from gatelens.families.spec import layer_name
 from gatelens.readout.trace_types import Trace
 
 LAGS = (1, 2, 4, 8, 16, 32)
@@ -172,8 +173,9 @@ def keep_on_state(trace: Trace, keep: str) -> Tensor:
     units = trace.meta.get("state_units")
     if units is None:
         return f
-    H = f.shape[-1] // trace.num_layers
-    return f[..., torch.cat([u.to(f.device) + k * H for k, u in enumerate(units)])]
+    widths = [trace[f"{layer_name(k)}.{keep}"].shape[-1] for k in range(trace.num_layers)]
+    offsets = [sum(widths[:k]) for k in range(len(widths))]  # a mixed stack's differ
+    return f[..., torch.cat([u.to(f.device) + offsets[k] for k, u in enumerate(units)])]
 
 
 def _written(s: Tensor, a: Tensor) -> Tensor:

@@ -39,7 +39,6 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
-from gatelens.families.spec import names_of
 
 __all__ = ["OfficialFamily", "Recorder", "scaled_diff"]
 
@@ -101,7 +100,15 @@ class OfficialFamily(Family, abc.ABC):
         return next(s for s in self.specs if s.name == self.cell_name)
 
     def names(self) -> list[str]:
-        return names_of(self.spec, self.num_layers)
+        return [f"{layer_name(k)}.{s}" for k in range(self.num_layers) for s in self.letters(k)]
+
+    def letters(self, k: int) -> tuple[str, ...]:
+        """The trace letters of layer k (the spec's signals; a mixed stack's own per layer)."""
+        return self.spec.signals
+
+    def unit_count(self, k: int) -> int:
+        """Units of layer k's keep gate (``hidden_size``; a mixed stack's own per layer)."""
+        return self.hidden_size
 
     def describe(self) -> dict:
         return {**super().describe(), "implementation": type(self.module).__module__ + "."
@@ -227,7 +234,7 @@ class OfficialFamily(Family, abc.ABC):
                 aux = None if aux is None else aux.double().reshape(B * T, -1)
                 sig, new, y = self.step_cell(k, m, u, prev, aux)
                 sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
-                for letter in self.spec.signals:
+                for letter in self.letters(k):
                     signals[f"{layer_name(k)}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
         # the keep gate is per unit, s per coordinate: the perturbation split reads which
         # unit's keep factor scales each coordinate of s (Trace.meta["state_units"])
@@ -283,7 +290,7 @@ class OfficialFamily(Family, abc.ABC):
                     sig, parts[k], y = self.step_cell(k, m, u, parts[k], aux)
                     sig = {**sig, self.spec.state: self.state_of(k, parts[k]), "y": y}
                     x = self.post(k, m, x, y)
-                    for letter in self.spec.signals:
+                    for letter in self.letters(k):
                         seq.setdefault(f"{layer_name(k)}.{letter}", []).append(sig[letter])
         signals = {n: torch.stack(v, dim=1).to(dtype) for n, v in seq.items()}
         return Readout(signals={n: signals[n] for n in self.names()},
@@ -291,7 +298,8 @@ class OfficialFamily(Family, abc.ABC):
 
     # ---- the dynamics ----------------------------------------------------------------
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
-        m, L, H = self.float64(), self.num_layers, self.hidden_size
+        m, L = self.float64(), self.num_layers
+        offsets = [sum(self.unit_count(j) for j in range(k)) for k in range(L)]
         counts = [len(self.initial_parts(k, 1)) for k in range(L)]
         aux = [ref.extra["aux"][k] for k in range(L)]
         widths = [0 if a is None else a.shape[-1] for a in aux]
@@ -313,7 +321,7 @@ class OfficialFamily(Family, abc.ABC):
 
         trajectory = [p.double() for k in range(L) for p in ref.extra["parts"][k]]
         initial = [p for k in range(L) for p in self.initial_parts(k, call.batch)]
-        units = torch.cat([torch.where(u >= 0, u + k * H, u) for k in range(L)
+        units = torch.cat([torch.where(u >= 0, u + offsets[k], u) for k in range(L)
                            for u in self.part_units(k)])
         return [Dynamics(step=step, inputs=packed, trajectory=trajectory, initial=initial,
                          order=list(range(call.length)), units=units)]

@@ -52,6 +52,7 @@ BUILTIN: tuple[str, ...] = (
     "gatelens.families.variants:VariantLSTMFamily",
     "gatelens.families.variants:VariantGRUFamily",
     # the official implementations (gatelens[modern]); each tests its class by module path
+    "gatelens.families.xlstm_mixed:XLSTMMixedFamily",  # before the one-kind stacks
     "gatelens.families.xlstm_slstm:XLSTMSLSTMFamily",
     "gatelens.families.xlstm_mlstm:XLSTMMLSTMFamily",
     "gatelens.families.mingru_pytorch:MinGRUPytorchFamily",

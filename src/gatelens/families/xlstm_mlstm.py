@@ -47,16 +47,20 @@ XLSTM_MLSTM = CellSpec(
              "s": "memory (C, n)·e^m per head"})
 
 
-def _build_mlstm(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
-                 **_: object) -> nn.Module:
+def mlstm_block(settings: dict, heads: int) -> object:
+    """xlstm's mLSTMBlockConfig of a recipe's ``settings`` (conv, qkv blocks, proj factor)."""
     import xlstm
 
     s = settings
-    block = {"mlstm_block": xlstm.mLSTMBlockConfig(mlstm=xlstm.mLSTMLayerConfig(
+    return xlstm.mLSTMBlockConfig(mlstm=xlstm.mLSTMLayerConfig(
         conv1d_kernel_size=s["conv1d_kernel_size"], num_heads=heads,
-        qkv_proj_blocksize=s["qkv_proj_blocksize"], proj_factor=s["proj_factor"])),
-        "slstm_at": []}
-    return xlstm_stack(block, hidden, layers, s["context_length"])
+        qkv_proj_blocksize=s["qkv_proj_blocksize"], proj_factor=s["proj_factor"]))
+
+
+def _build_mlstm(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
+                 **_: object) -> nn.Module:
+    block = {"mlstm_block": mlstm_block(settings, heads), "slstm_at": []}
+    return xlstm_stack(block, hidden, layers, settings["context_length"])
 
 
 #: ``--cell xlstm-mlstm``: proj 2, conv 4, qkv blocks 4; --hidden a multiple of what its

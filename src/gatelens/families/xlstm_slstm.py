@@ -63,18 +63,23 @@ def xlstm_stack(block: dict, d: int, layers: int, context_length: int) -> nn.Mod
         context_length=context_length, num_blocks=layers, embedding_dim=d, **block))
 
 
-def _build_slstm(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
-                 **_: object) -> nn.Module:
+def slstm_block(settings: dict, heads: int) -> object:
+    """xlstm's sLSTMBlockConfig of a recipe's ``settings`` (backend, conv, bias init, FFN)."""
     import xlstm
 
     s = settings
-    block = {"slstm_block": xlstm.sLSTMBlockConfig(
+    return xlstm.sLSTMBlockConfig(
         slstm=xlstm.sLSTMLayerConfig(backend=s["backend"], num_heads=heads,
                                      conv1d_kernel_size=s["conv1d_kernel_size"],
                                      bias_init=s["bias_init"]),
         feedforward=xlstm.FeedForwardConfig(proj_factor=s["ffn_proj_factor"],
-                                            act_fn=s["ffn_act_fn"])), "slstm_at": "all"}
-    return xlstm_stack(block, hidden, layers, s["context_length"])
+                                            act_fn=s["ffn_act_fn"]))
+
+
+def _build_slstm(n_in: int, hidden: int, layers: int, *, heads: int = 1, settings: dict,
+                 **_: object) -> nn.Module:
+    block = {"slstm_block": slstm_block(settings, heads), "slstm_at": "all"}
+    return xlstm_stack(block, hidden, layers, settings["context_length"])
 
 
 #: ``--cell xlstm-slstm``: the stack between an embedding and a head; the vanilla (CPU)
@@ -154,7 +159,7 @@ class XLSTMStack(OfficialFamily):
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
-        kinds = sorted({_kind(b) for b in module.blocks})
+        kinds = sorted({type(layer).__name__ for layer in self.layers})
         if kinds != [self.kind]:
             raise GatelensError(f"xlstm: a stack mixing {' and '.join(kinds)} blocks "
                                 "(slstm_at) is not supported; open a stack of one kind")
