@@ -373,3 +373,73 @@ def test_the_recipe_refuses_a_width_its_heads_do_not_fill():
     with pytest.raises(GatelensError, match="--hidden 24 must be a multiple of 16"):
         TrainConfig(cell="hf-gated-deltanet", hidden=24).validate()
     TrainConfig(cell="hf-gated-deltanet", hidden=32, layers=2).validate()
+
+
+# ---- edits (Lens.run) ---------------------------------------------------------------------
+EDIT_KEY = "model.layers.1.linear_attn.layer0"  # the Gated DeltaNet layer on top
+
+
+def _edit_model(types=("full_attention", "linear_attention")) -> torch.nn.Module:
+    """Attention, then a Gated DeltaNet layer on top: the cache's state edit after token t
+    is then the whole edit (a layer above would read position t's edited output)."""
+    return qwen3_next(list(types))
+
+
+def _ids(length: int = 12) -> torch.Tensor:
+    return torch.randint(0, V, (B, length), generator=torch.Generator().manual_seed(3))
+
+
+def test_an_edit_before_is_bitwise_and_a_state_set_to_itself_changes_nothing():
+    model, ids, t = _edit_model(), _ids(), 5
+    lens = gatelens.Lens(model, vocab=VOCAB)
+    with torch.no_grad():
+        own = model(ids, use_cache=False).logits
+    s = lens.run(ids).trace[f"{EDIT_KEY}.s"]
+    res = lens.run(ids, edits=[gatelens.Set(f"{EDIT_KEY}.s", s[:, t], at=t)])
+    assert torch.equal(res.output.logits[:, :t], own[:, :t])
+    assert (res.output.logits - own).abs().max() < 1e-5
+    for name, edit in (("alpha", gatelens.Set(f"{EDIT_KEY}.alpha", 1.0, at=t, units=[0])),
+                       ("beta", gatelens.Zero(f"{EDIT_KEY}.beta", at=t)),
+                       ("y", gatelens.Scale(f"{EDIT_KEY}.y", 2.0, at=t))):
+        moved = lens.run(ids, edits=[edit])
+        assert torch.equal(moved.output.logits[:, :t], own[:, :t]), name
+        assert (moved.output.logits[:, t:] - own[:, t:]).abs().max() > 1e-3, name
+    cut = lens.run(ids, edits=[gatelens.Zero(f"{EDIT_KEY}.beta", at=t)]).trace
+    assert torch.equal(cut[f"{EDIT_KEY}.beta"][:, t], torch.zeros(B, 4))
+
+
+def test_a_state_edit_is_the_models_own_decode_from_the_edited_state():
+    """Zero the layer's state after token t: the whole model's own cached decode, its
+    cache's state zeroed after token t, gives the same later logits."""
+    model, ids, t = _edit_model(), _ids(), 5
+    res = gatelens.Lens(model, vocab=VOCAB).run(
+        ids, edits=[gatelens.Zero(f"{EDIT_KEY}.s", at=t)])
+    cache, got = None, []
+    with torch.no_grad():
+        for j in range(ids.shape[1]):
+            out = model(ids[:, j : j + 1], past_key_values=cache, use_cache=True,
+                        position_ids=torch.full((B, 1), j))
+            cache = out.past_key_values
+            got.append(out.logits)
+            if j == t:
+                cache.layers[1].recurrent_states[0].zero_()
+        own = model(ids, use_cache=False).logits
+    ref = torch.cat(got, dim=1)
+    assert torch.equal(res.output.logits[:, :t], own[:, :t])
+    later = (res.output.logits[:, t + 1:] - ref[:, t + 1:]).abs().max()
+    moved = (own[:, t + 1:] - ref[:, t + 1:]).abs().max()
+    print(f"gdn zero-state vs cached decode {later:.2e}, moved {moved:.2e}")
+    assert later < 1e-5 and moved > 1e-2, (later, moved)
+
+
+def test_an_edit_carries_forward_and_this_position_only_does_not():
+    model, ids, t = _edit_model(["linear_attention"]), _ids(), 4
+    lens, key = gatelens.Lens(model, vocab=VOCAB), "model.layers.0.linear_attn.layer0.s"
+    with torch.no_grad():
+        own = model(ids, use_cache=False).logits
+    carried = lens.run(ids, edits=[gatelens.Scale(key, 3.0, at=t)]).output.logits
+    here = lens.run(ids, edits=[gatelens.Scale(key, 3.0, at=t, carry=False)]).output.logits
+    assert (carried[:, t + 1:] - own[:, t + 1:]).abs().max() > 1e-3
+    assert (here[:, t] - own[:, t]).abs().max() > 1e-3
+    assert (here[:, t + 1:] - own[:, t + 1:]).abs().max() < 1e-5
+    assert torch.allclose(here[:, t], carried[:, t])

@@ -350,3 +350,66 @@ def test_a_cache_or_a_padding_mask_is_refused_in_one_line():
     inputs, state = fam.split_call((), {"hidden_states": x, "attention_mask": mask})
     with pytest.raises(GatelensError, match="padding mask passed to KimiLinearDeltaAttention"):
         fam.check(inputs, state)
+
+
+# ---- edits (Lens.run) ---------------------------------------------------------------------
+EDIT_KEY = "model.layers.1.self_attn.layer0"  # the KDA layer on top
+
+
+def _ids(length: int = 12) -> torch.Tensor:
+    return torch.randint(0, V, (B, length), generator=torch.Generator().manual_seed(3))
+
+
+def _own(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+def test_an_edit_before_is_bitwise_and_a_state_set_to_itself_changes_nothing():
+    model, ids, t = kimi(["full_attention", "linear_attention"]), _ids(), 5
+    lens, own = gatelens.Lens(model, vocab=VOCAB), _own(model, ids)
+    s = lens.run(ids).trace[f"{EDIT_KEY}.s"]
+    res = lens.run(ids, edits=[gatelens.Set(f"{EDIT_KEY}.s", s[:, t], at=t)])
+    assert torch.equal(res.output.logits[:, :t], own[:, :t])
+    assert (res.output.logits - own).abs().max() < 1e-5
+    for edit in (gatelens.Set(f"{EDIT_KEY}.alpha", 1.0, at=t, units=[0, 1]),
+                 gatelens.Zero(f"{EDIT_KEY}.beta", at=t),
+                 gatelens.Scale(f"{EDIT_KEY}.y", 2.0, at=t)):
+        moved = lens.run(ids, edits=[edit]).output.logits
+        assert torch.equal(moved[:, :t], own[:, :t]), edit
+        assert (moved[:, t:] - own[:, t:]).abs().max() > 1e-3, edit
+
+
+def test_a_state_edit_is_the_models_own_decode_from_the_edited_state():
+    """Zero the KDA layer's state after token t: the whole model's own cached decode, its
+    cache's state zeroed after token t, gives the same later logits."""
+    model, ids, t = kimi(["full_attention", "linear_attention"]), _ids(), 5
+    res = gatelens.Lens(model, vocab=VOCAB).run(
+        ids, edits=[gatelens.Zero(f"{EDIT_KEY}.s", at=t)])
+    cache, got = None, []
+    with torch.no_grad():
+        for j in range(ids.shape[1]):
+            out = model(ids[:, j : j + 1], past_key_values=cache, use_cache=True,
+                        position_ids=torch.full((B, 1), j))
+            cache = out.past_key_values
+            got.append(out.logits)
+            if j == t:
+                cache.layers[1].recurrent_states[0].zero_()
+    ref, own = torch.cat(got, dim=1), _own(model, ids)
+    assert torch.equal(res.output.logits[:, :t], own[:, :t])
+    later = (res.output.logits[:, t + 1:] - ref[:, t + 1:]).abs().max()
+    moved = (own[:, t + 1:] - ref[:, t + 1:]).abs().max()
+    print(f"kda zero-state vs cached decode {later:.2e}, moved {moved:.2e}")
+    assert later < 1e-5 and moved > 1e-2, (later, moved)
+
+
+def test_an_edit_carries_forward_and_this_position_only_does_not():
+    model, ids, t = kimi(["linear_attention"]), _ids(), 4
+    lens, key, own = gatelens.Lens(model, vocab=VOCAB), "model.layers.0.self_attn.layer0.s", \
+        _own(model, ids)
+    carried = lens.run(ids, edits=[gatelens.Scale(key, 3.0, at=t)]).output.logits
+    here = lens.run(ids, edits=[gatelens.Scale(key, 3.0, at=t, carry=False)]).output.logits
+    assert (carried[:, t + 1:] - own[:, t + 1:]).abs().max() > 1e-3
+    assert (here[:, t] - own[:, t]).abs().max() > 1e-3
+    assert (here[:, t + 1:] - own[:, t + 1:]).abs().max() < 1e-5
+    assert torch.allclose(here[:, t], carried[:, t])

@@ -407,3 +407,45 @@ def test_the_recipe_refuses_a_width_its_heads_do_not_fill():
     with pytest.raises(GatelensError, match="--hidden 24 must be a multiple of 16"):
         TrainConfig(cell="hf-rglru", hidden=24).validate()
     TrainConfig(cell="hf-rglru", hidden=32, layers=2).validate()
+
+
+# ---- edits (Lens.run) ---------------------------------------------------------------------
+def _ids(length: int = 12) -> torch.Tensor:
+    return torch.randint(0, V, (B, length), generator=torch.Generator().manual_seed(3))
+
+
+def _own(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+def test_an_edit_before_is_bitwise_and_a_state_set_to_itself_changes_nothing():
+    model, ids, t = gemma(types=("attention", "recurrent")), _ids(), 5
+    lens, key, own = gatelens.Lens(model, vocab=VOCAB), "model.layers.1.layer0", \
+        _own(model, ids)
+    s = lens.run(ids).trace[f"{key}.s"]
+    res = lens.run(ids, edits=[gatelens.Set(f"{key}.s", s[:, t], at=t)])
+    assert torch.equal(res.output.logits[:, :t], own[:, :t])
+    assert (res.output.logits - own).abs().max() < 1e-5
+    for edit in (gatelens.Set(f"{key}.a", 1.0, at=t, units=[0, 1]),
+                 gatelens.Zero(f"{key}.write", at=t), gatelens.Zero(f"{key}.i", at=t),
+                 gatelens.Scale(f"{key}.y", 2.0, at=t)):
+        moved = lens.run(ids, edits=[edit])
+        assert torch.equal(moved.output.logits[:, :t], own[:, :t]), edit
+        assert (moved.output.logits[:, t:] - own[:, t:]).abs().max() > 1e-3, edit
+    kept = lens.run(ids, edits=[gatelens.Set(f"{key}.a", 1.0, at=slice(t, None), units=[3])])
+    s_kept = kept.trace[f"{key}.s"][:, t - 1:, 3]  # a := 1: no write, the state held
+    assert torch.equal(s_kept[:, 1:], s_kept[:, 1:2].expand_as(s_kept[:, 1:]))
+    assert (s_kept[:, 1] - s_kept[:, 0]).abs().max() < 1e-6
+
+
+def test_an_edit_carries_forward_and_this_position_only_does_not():
+    t, ids, model = 4, _ids(), gemma(types=("recurrent",))
+    lens, key, own = gatelens.Lens(model, vocab=VOCAB), "model.layers.0.layer0.s", \
+        _own(model, ids)
+    carried = lens.run(ids, edits=[gatelens.Scale(key, 3.0, at=t)]).output.logits
+    here = lens.run(ids, edits=[gatelens.Scale(key, 3.0, at=t, carry=False)]).output.logits
+    assert (carried[:, t + 1:] - own[:, t + 1:]).abs().max() > 1e-3
+    assert (here[:, t] - own[:, t]).abs().max() > 1e-3
+    assert (here[:, t + 1:] - own[:, t + 1:]).abs().max() < 1e-5
+    assert torch.allclose(here[:, t], carried[:, t])

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
+from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, buffer_units, scaled_diff
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -157,7 +158,7 @@ GDN_RECIPE = Recipe(
     multiple=lambda heads: _SETTINGS["key_head_dim"], keep_words="Gated DeltaNet α a head")
 
 
-class HFGatedDeltaNetFamily(OfficialFamily):
+class HFGatedDeltaNetFamily(StepEdits, OfficialFamily):
     """One Gated DeltaNet layer of a Qwen3-Next / Qwen3.5 / OLMo Hybrid model."""
 
     name = "hf-gated-deltanet"
@@ -340,7 +341,7 @@ class HFGatedDeltaNetFamily(OfficialFamily):
         qkv = torch.cat([m.q_proj(u), m.k_proj(u), m.v_proj(u)], dim=-1)  # OLMo Hybrid
         return qkv, m.g_proj(u), m.b_proj(u), m.a_proj(u)
 
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         Hk, Hv, dk, dv, K, cd = self.shape
         buf, s = parts
         m = self.layers(m)[k]
@@ -353,13 +354,15 @@ class HFGatedDeltaNetFamily(OfficialFamily):
         q, key, v = torch.split(xc, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q = _l2norm(q.view(-1, Hk, dk).repeat_interleave(Hv // Hk, dim=1)) * dk ** -0.5
         key = _l2norm(key.view(-1, Hk, dk).repeat_interleave(Hv // Hk, dim=1))  # (N, H_v, d_k)
-        v = v.view(-1, Hv, dv)
-        beta = torch.sigmoid(b) * (2.0 if self._neg else 1.0)  # (N, H_v)
+        key = edit("k", key.reshape(-1, Hv * dk)).view(-1, Hv, dk)
+        v = edit("v", v.reshape(-1, Hv * dv)).view(-1, Hv, dv)
+        beta = edit("beta", torch.sigmoid(b) * (2.0 if self._neg else 1.0))  # (N, H_v)
         A = torch.exp(m.A_log.float()).to(u.dtype)  # (H_v,): in float32, as the package
-        alpha = torch.exp(-A * F.softplus(a + m.dt_bias))  # (N, H_v)
+        alpha = edit("alpha", torch.exp(-A * F.softplus(a + m.dt_bias)))  # (N, H_v)
         kept = delta_keep({"alpha": alpha, "beta": beta, "k": key.reshape(-1, Hv * dk)},
                           s).view(-1, Hv, dv, dk)  # α S (I − β k kᵀ)
         S_new = kept + (beta[..., None] * v)[..., None] * key[:, :, None, :]  # + β v kᵀ
+        S_new = edit("s", S_new.reshape(-1, Hv * dv * dk)).view(-1, Hv, dv, dk)
         o = (S_new * q[:, :, None, :]).sum(dim=-1)  # (N, H_v, d_v): S q
         norm = m.norm if hasattr(m, "norm") else m.o_norm
         o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon)

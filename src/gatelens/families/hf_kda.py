@@ -49,6 +49,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gatelens.families.delta_edit import no_edit
 from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily, _act, _l2norm
 from gatelens.families.official import OfficialFamily
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -146,7 +147,7 @@ class HFKDAFamily(HFGatedDeltaNetFamily):
         return torch.arange(H * dk).view(H, 1, dk).expand(H, dv, dk).reshape(-1)
 
     # ---- the hand cell ---------------------------------------------------------------
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         H, _, dk, dv, K, cd = self.shape
         buf, s = parts
         m = self.layers(m)[k]
@@ -158,16 +159,17 @@ class HFKDAFamily(HFGatedDeltaNetFamily):
         xc = _act(m.activation)(xc)
         q, key, v = torch.split(xc, [H * dk, H * dk, H * dv], dim=-1)
         q = _l2norm(q.view(-1, H, dk)) * dk ** -0.5
-        key = _l2norm(key.view(-1, H, dk))  # (N, H, d_k)
-        v = v.view(-1, H, dv)
+        key = edit("k", _l2norm(key.view(-1, H, dk)).reshape(-1, H * dk)).view(-1, H, dk)
+        v = edit("v", v.reshape(-1, H * dv)).view(-1, H, dv)
         fg = m.forget_gate
         A = torch.exp(fg.A_log.float()).to(u.dtype).view(1, H, 1)  # in float32, as the package
         g = -A * _softplus((fg.f_b_proj(fg.f_a_proj(u)) + fg.dt_bias).view(-1, H, dk))
-        alpha = torch.exp(g).reshape(-1, H * dk)  # (N, H·d_k): one a key channel
-        beta = torch.sigmoid(m.b_proj(u))  # (N, H)
+        alpha = edit("alpha", torch.exp(g).reshape(-1, H * dk))  # (N, H·d_k): one a channel
+        beta = edit("beta", torch.sigmoid(m.b_proj(u)))  # (N, H)
         kept = kda_keep({"alpha": alpha, "beta": beta, "k": key.reshape(-1, H * dk)},
                         s).view(-1, H, dv, dk)  # S Diag(α) (I − β k kᵀ)
         S_new = kept + (beta[..., None] * v)[..., None] * key[:, :, None, :]  # + β v kᵀ
+        S_new = edit("s", S_new.reshape(-1, H * dv * dk)).view(-1, H, dv, dk)
         o = (S_new * q[:, :, None, :]).sum(dim=-1)  # (N, H, d_v): S q
         norm = m.o_norm
         o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon)

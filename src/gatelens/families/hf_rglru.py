@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Reference
+from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, buffer_units
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -116,7 +117,7 @@ def rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * (1.0 + w)
 
 
-class HFRGLRUFamily(OfficialFamily):
+class HFRGLRUFamily(StepEdits, OfficialFamily):
     """One recurrent residual block of transformers' RecurrentGemma (a
     ``RecurrentGemmaDecoderLayer`` whose ``temporal_block`` is the RG-LRU block)."""
 
@@ -261,7 +262,7 @@ class HFRGLRUFamily(OfficialFamily):
                 "aux": [reset] * L, "output": output}
 
     # ---- the hand cell ------------------------------------------------------------
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         block = self.layers(m)[k].temporal_block
         lru = block.rg_lru
         W, K, NH = self.width, self.d_conv, int(lru.num_attention_heads)
@@ -273,19 +274,23 @@ class HFRGLRUFamily(OfficialFamily):
         if block.conv_1d.bias is not None:
             xc = xc + block.conv_1d.bias
         xh = xc.view(-1, NH, W // NH)  # (R, heads, block width)
-        i = torch.sigmoid(torch.einsum("rhj,hjk->rhk", xh, lru.input_gate_weight)
-                          + lru.input_gate_bias).reshape(-1, W)
-        r = torch.sigmoid(torch.einsum("rhj,hjk->rhk", xh, lru.recurrent_gate_weight)
-                          + lru.recurrent_gate_bias).reshape(-1, W)
+        i = edit("i", torch.sigmoid(torch.einsum("rhj,hjk->rhk", xh, lru.input_gate_weight)
+                                    + lru.input_gate_bias).reshape(-1, W))
+        r = edit("r", torch.sigmoid(torch.einsum(
+            "rhj,hjk->rhk", xh, lru.recurrent_gate_weight) + lru.recurrent_gate_bias
+        ).reshape(-1, W))
         log_a = -C_LRU * r * F.softplus(lru.recurrent_param)
-        a = torch.exp(log_a)
-        norm = torch.sqrt(1 - torch.exp(2 * log_a))
+        a0 = torch.exp(log_a)
+        a = edit("a", a0)  # an edited keep: its normalisation √(1 − a²) follows it
+        norm = torch.sqrt(1 - torch.exp(2 * log_a)) if a is a0 else torch.sqrt(
+            (1 - a * a).clamp_min(0))
         keep = a
         if aux is not None:  # the package's reset at position 0: no keep, no normalisation
             keep = a * (1 - aux)
             norm = aux + (1 - aux) * norm
-        write = norm * i
-        s_new = keep * s + write * xc
+        write = edit("write", norm * i)
+        xc = edit("x", xc)  # the written x̂ (the gates read the unedited one)
+        s_new = edit("s", keep * s + write * xc)
         y = block.linear_out(s_new * gate_y)
         new = [window[:, 1:].reshape(-1, (K - 1) * W), s_new]
         return {"r": r, "i": i, "a": a, "write": write, "x": xc}, new, y
