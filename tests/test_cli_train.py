@@ -100,8 +100,11 @@ def test_ctrl_c_leaves_a_run_that_resumes_exactly(capsys, tiny_text, tmp_path):
             "8", "--seq", "32", "--eval-every", "200", "--val-windows", "2", "--quiet"]
     cut = tmp_path / "cut"
     env = dict(os.environ, PYTHONWARNINGS="error")
+    # a suite started in the background of a shell without job control inherits an ignored
+    # SIGINT, which gatelens leaves ignored (stops.may_take); Ctrl-C reaches a terminal's job
     proc = subprocess.Popen([sys.executable, "-m", "gatelens.cli", *args, "--out", str(cut)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not (cut / "checkpoints" / "step-000000.safetensors").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

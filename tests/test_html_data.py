@@ -122,8 +122,10 @@ def test_seed_size_page_within_5_mb(tmp_path: Path) -> None:
     chars = [chr(32 + k) for k in range(84)] + ["\n"]  # V = 85
     lstm = torch.nn.LSTM(85, 325, batch_first=True)  # the seed's size
     ids = torch.randint(0, 85, (32, 128), generator=g)  # (B, T)
+    # every section of the page, the spectrum and context used on 2 windows (their plots
+    # are the same size on 32; the page's size is the per-character data's)
     a = measure(lstm, encoder_runner(lambda i: torch.nn.functional.one_hot(i, 85).float()),
-                ids, chars)
+                ids, chars, memory_windows=2)
     write_analysis(a, tmp_path)  # report.json, report.md, plots and the page
     size = (tmp_path / "report.html").stat().st_size
     print(f"seed-size report.html: {size / 1e6:.2f} MB")

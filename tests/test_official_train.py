@@ -91,8 +91,8 @@ def test_trained_run_reopens_and_is_analysed(runs, cell, tmp_path):
         assert torch.equal(seen, ids)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = analyze(run, windows=2, length=24, perturb_pos=6, out=tmp_path / "a",
-                    progress=False, plots=False, exponents=1)
+        a = analyze(run, windows=2, length=16, perturb_pos=4, out=tmp_path / "a",
+                    progress=False, plots=False, exponents=1, memory_windows=1)
     rep = a.report
     assert rep["verification"]["passed"] is True and rep["model"]["step"] == 4
     assert rep["baseline"]["step"] == 0 and (tmp_path / "a" / "report.json").exists()

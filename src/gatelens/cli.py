@@ -227,7 +227,8 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perturb-pos", type=int, default=DEFAULTS.perturb_pos, dest="perturb_pos",
                    help="position p of the changed character (default 32)")
     p.add_argument("--exponents", type=exponents_count, default=DEFAULTS.exponents,
-                   help="Lyapunov exponents: the N largest (default 64), all, or 0 for none")
+                   help="Lyapunov exponents: auto (default: 64, capped above 4,096 state "
+                        "dimensions by the cost rule), the N largest, all, or 0 for none")
     p.add_argument("--fixed-points", action="store_true", dest="fixed_points",
                    help="also find the fixed points under held inputs (slow)")
     p.add_argument("--out", default=None, metavar="DIR",

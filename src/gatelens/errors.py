@@ -158,11 +158,11 @@ def windows_count(text: str) -> int | str:
 
 
 def exponents_count(text: str) -> int | str:
-    """An argparse type for --exponents: a count ≥ 0 (0: none), or "all".
+    """An argparse type for --exponents: a count ≥ 0 (0: none), "all", or "auto".
 
-    >>> exponents_count("all"), exponents_count("0"), exponents_count("8")
-    ('all', 0, 8)
+    >>> exponents_count("all"), exponents_count("0"), exponents_count("8"), exponents_count("auto")
+    ('all', 0, 8, 'auto')
     """
-    if text == "all":
-        return "all"
+    if text in ("all", "auto"):
+        return text
     return 0 if text.strip() == "0" else positive_int(text)

@@ -4,7 +4,7 @@ and each ``Chunk`` of windows (computed once, shared), and the ``Measurement`` p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar, Protocol
 
@@ -92,14 +92,6 @@ class Measurement(Protocol):
     def update(self, chunk: Chunk) -> None: ...
 
     def result(self, found: dict) -> dict: ...
-
-
-def head(d: Dynamics, n: int) -> Dynamics:
-    """A Dynamics of its first ``n`` windows (the step is the same for any batch)."""
-    if n >= d.inputs.shape[0]:
-        return d
-    return replace(d, inputs=d.inputs[:n], trajectory=[p[:n] for p in d.trajectory],
-                   initial=[p[:n] for p in d.initial])
 
 
 def reach_note(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor,

@@ -39,7 +39,7 @@ from gatelens.analysis.causal import (
     cuts,
     why,
 )
-from gatelens.analysis.chunk import Chunk, Setup, head
+from gatelens.analysis.chunk import Chunk, Setup
 from gatelens.analysis.context import ContextAccumulator
 from gatelens.analysis.divergence import (
     DivergenceRate,
@@ -127,7 +127,7 @@ class Spectrum(Accumulator):
 
     def update(self, chunk: Chunk) -> None:
         if chunk.memory and chunk.dynamics is not None:
-            self.acc.update([head(d, chunk.memory) for d in chunk.dynamics])
+            self.acc.update([d.first(chunk.memory) for d in chunk.dynamics])
 
     def result(self, found: dict) -> dict:
         return {"lyapunov": None if self.acc.starts is None else self.acc.result()}

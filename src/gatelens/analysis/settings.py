@@ -7,7 +7,7 @@ turned into one object here, by ``AnalysisSettings.build``, and nothing downstre
 loose keyword again.
 
 >>> DEFAULTS.windows, DEFAULTS.length, DEFAULTS.perturb_pos, DEFAULTS.exponents
-(32, 128, 32, 64)
+(32, 128, 32, 'auto')
 >>> AnalysisSettings.build(None, length=24, perturb_pos=4).perturb_pos
 4
 >>> try:
@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from gatelens.errors import GatelensError
 
 ALL = "all"  # windows="all": every whole window; exponents="all": the whole spectrum
+AUTO = "auto"  # exponents="auto": 64, capped at size by the spectrum's cost rule
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class AnalysisSettings:
     windows: B, the number of windows (the seed's 32); "all": every whole window.
     length: T, tokens (characters for a character model) per window (the seed's 128).
     perturb_pos: p, the position of the replaced token (the seed's 32); lag 1 must fit.
-    exponents: the k largest Lyapunov exponents, "all", or 0 for none.
+    exponents: the k largest Lyapunov exponents, "all", 0 for none, or "auto" (the
+        default): 64, and above 4,096 state dimensions the cost rule's k and windows
+        (``spectrum_plan``; docs/methods.md "Cost at size").
     fixed_points: also search fixed points under held inputs (slow).
     memory_windows: windows of the spectrum and the context used (0: neither).
     seed: draws the replacement tokens and the spectrum's start vectors; None: the run's
@@ -44,7 +47,7 @@ class AnalysisSettings:
     windows: int | str = 32
     length: int = 128
     perturb_pos: int = 32
-    exponents: int | str = 64
+    exponents: int | str = AUTO
     fixed_points: bool = False
     memory_windows: int = 32
     seed: int | None = None
@@ -57,7 +60,8 @@ class AnalysisSettings:
         if isinstance(self.perturb_pos, int) and self.perturb_pos < 0:
             check_perturb_pos(self.perturb_pos, self.length)  # (against T: in measure)
         _count("perturb_pos", self.perturb_pos, minimum=0)
-        _count("exponents", self.exponents, minimum=0, allow_all=True)
+        if self.exponents != AUTO:
+            _count("exponents", self.exponents, minimum=0, allow_all=True)
         if not isinstance(self.fixed_points, bool):
             raise GatelensError(f"fixed_points must be True or False; got {self.fixed_points!r}")
         _count("memory_windows", self.memory_windows, minimum=0)

@@ -48,6 +48,39 @@ from gatelens.families.base import Dynamics
 
 DEFAULT_K = 64  # exponents by default (all of them when the state is smaller)
 TANGENT_CHUNK = 128  # tangent vectors per vmap call: bounds the JVP's memory
+AUTO = "auto"  # the default: DEFAULT_K exponents, capped by the cost rule at size
+SIZE_AT = 4096  # state dimensions above which the cost rule caps the spectrum's work
+TANGENT_BUDGET = 64  # at size: k × windows, the tangent trajectories the spectrum pushes
+SIZE_WINDOWS = 4  # at size: windows of the spectrum (each costs k tangent trajectories)
+
+
+def spectrum_plan(k: int | str, size: int, windows: int) -> tuple[int, int, str | None]:
+    """How many exponents on how many windows, and the cost rule's sentence (None: as asked).
+
+    The spectrum pushes k tangent vectors through every step of each of its windows; one
+    tangent vector's step is one JVP of the step, about the cost of the divergence rate's
+    whole work on that window. Below ``SIZE_AT`` state dimensions the JVPs are batched
+    cheaply and ``"auto"`` is ``DEFAULT_K`` on every window asked. Above it, ``"auto"``
+    caps the work at ``TANGENT_BUDGET`` tangent trajectories: ``SIZE_WINDOWS`` windows of
+    ``TANGENT_BUDGET // SIZE_WINDOWS`` exponents. A count or ``"all"`` is taken as asked.
+
+    >>> spectrum_plan("auto", 650, 32)
+    (64, 32, None)
+    >>> k, m, rule = spectrum_plan("auto", 58_368, 8)
+    >>> k, m, rule[:60]
+    (16, 4, 'the state has 58,368 dimensions (above 4,096): the spectrum ')
+    >>> spectrum_plan(64, 58_368, 8)
+    (64, 8, None)
+    """
+    if k != AUTO:
+        return _k_of(k, size), windows, None
+    if size <= SIZE_AT:
+        return min(DEFAULT_K, size), windows, None
+    m = max(1, min(windows, SIZE_WINDOWS))
+    kk = min(DEFAULT_K, size, max(1, TANGENT_BUDGET // m))
+    return kk, m, (f"the state has {size:,} dimensions (above {SIZE_AT:,}): the spectrum "
+                   f"pushes at most {TANGENT_BUDGET} tangent trajectories, {kk} exponents "
+                   f"on {m} windows (--exponents N or all asks for more)")
 
 
 @dataclass
@@ -64,10 +97,16 @@ class LyapunovSpectrum:
     direction: str = "forward"
     log_det_per_window: np.ndarray | None = field(default=None, repr=False)  # (B,) k = S
     per_direction: dict[str, LyapunovSpectrum] = field(default_factory=dict, repr=False)
+    rule: str | None = None  # the cost rule's sentence when it capped k or the windows
 
     @property
     def k(self) -> int:
         return int(self.exponents.shape[0])
+
+    @property
+    def windows(self) -> int:
+        """The windows the spectrum was measured on."""
+        return int(self.per_window.shape[0])
 
     @property
     def sum(self) -> float:
@@ -118,6 +157,8 @@ def _counted(d: Dynamics, burn_in: int) -> int:
 def _k_of(k: int | str, size: int) -> int:
     if k == "all":
         return size
+    if k == AUTO:
+        return min(DEFAULT_K, size)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise GatelensError(f"the number of exponents must be a positive int or 'all'; got {k!r}")
     return min(k, size)
@@ -248,6 +289,7 @@ class SpectrumAccumulator:
         self.starts: StartFrames | None = None
         self.names: list[str] = []
         self.parts: list[list[tuple]] = []
+        self.limit, self.taken, self.rule = 0, 0, None  # the cost rule's windows
 
     def update(self, dynamics: Sequence[Dynamics]) -> None:
         """Measure one chunk of windows (one Dynamics per direction)."""
@@ -258,15 +300,23 @@ class SpectrumAccumulator:
             if not isinstance(self.hidden, int) or self.hidden < 1:
                 raise GatelensError("lyapunov_spectrum needs hidden= (units per layer) to "
                                     "name the units the slow modes load on")
-            self.ks = [_k_of(self.k_asked, d.size) for d in dynamics]
-            self.n_units = [max(int(d.units.max()) + 1, 1) for d in dynamics]
             B = self.windows or int(dynamics[0].inputs.shape[0])
+            k, self.limit, self.rule = spectrum_plan(self.k_asked, max(d.size for d in dynamics),
+                                                     B)
+            self.ks = [min(k, d.size) for d in dynamics]
+            self.n_units = [max(int(d.units.max()) + 1, 1) for d in dynamics]
             sizes = [d.size for d in dynamics]
             self.starts = StartFrames(self.seed, B, sizes, max(self.ks))
             self.names, self.parts = [d.name for d in dynamics], [[] for _ in dynamics]
         if [d.name for d in dynamics] != self.names:
             raise GatelensError(f"directions changed between chunks: {self.names} then "
                                 f"{[d.name for d in dynamics]}")
+        if self.limit < self.starts.windows:  # the cost rule measures its first windows only
+            n = min(int(dynamics[0].inputs.shape[0]), self.limit - self.taken)
+            if n <= 0:
+                return
+            self.taken += n
+            dynamics = [d.first(n) for d in dynamics]
         with warnings.catch_warnings(), torch.no_grad():
             # PyTorch's forward-AD decompositions warn, when first loaded, that torch.jit is
             # deprecated: their own business, not the caller's.
@@ -291,7 +341,8 @@ class SpectrumAccumulator:
                 exponents=ex.mean(0).numpy(), per_window=ex.numpy(), burn_in=self.burn_in,
                 size=int(self.starts.first[i].shape[1]), hidden=self.hidden,
                 participation=pr.mean(0).numpy(), loadings=w.T.numpy(),
-                direction=name, log_det_per_window=None if ld is None else ld.numpy())
+                direction=name, log_det_per_window=None if ld is None else ld.numpy(),
+                rule=self.rule)
         best = max(per.values(), key=lambda s: s.exponents[0])
         if len(per) > 1:
             best.per_direction = per
@@ -317,5 +368,5 @@ def divergence_of(dynamics: Sequence[Dynamics], seed: int = 0, burn_in: int = 16
     return DivergenceRate(float(np.mean(pw)), sd, burn_in, pw, per)
 
 
-__all__ = ["DEFAULT_K", "SLOW_EXPONENT", "LyapunovSpectrum", "SlowMode", "SpectrumAccumulator",
-           "divergence_of", "lyapunov_spectrum"]
+__all__ = ["AUTO", "DEFAULT_K", "SLOW_EXPONENT", "LyapunovSpectrum", "SlowMode",
+           "SpectrumAccumulator", "divergence_of", "lyapunov_spectrum", "spectrum_plan"]

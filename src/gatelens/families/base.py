@@ -32,6 +32,7 @@ family is its own file and one line in ``gatelens.families.registry``.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -142,6 +143,15 @@ class Dynamics:
             return list(self.initial)
         t = self.order[j - 1]
         return [p[:, t] for p in self.trajectory]
+
+    def first(self, n: int) -> Dynamics:
+        """The same recurrence on its first ``n`` windows (the step is the same for any
+        batch)."""
+        if n >= self.inputs.shape[0]:
+            return self
+        return dataclasses.replace(self, inputs=self.inputs[:n],
+                                   trajectory=[p[:n] for p in self.trajectory],
+                                   initial=[p[:n] for p in self.initial])
 
 
 class Family(abc.ABC):

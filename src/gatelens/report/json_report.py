@@ -174,7 +174,8 @@ def build_report(a: Analysis) -> dict:
         "control_losses": a.control,
         "lyapunov": None if a.lyapunov is None else {
             **a.lyapunov.to_dict(), "k": a.lyapunov.k, "size": a.lyapunov.size,
-            "windows": a.text.get("memory_windows"), "description": a.lyapunov.describe()},
+            "windows": a.lyapunov.windows, "rule": a.lyapunov.rule,
+            "description": a.lyapunov.describe()},
         "fixed_points": None if a.fixed_points is None else {
             **a.fixed_points.to_dict(), "description": a.fixed_points.describe()},
         "context": None if a.context is None else {

@@ -151,7 +151,8 @@ def _memory(rep: dict) -> list[str]:
                            [[m["exponent"], m["half_life"], m["participation_ratio"],
                              ", ".join(f"[{a}, {b}]" for a, b in m["top_units"])]
                             for m in modes], "Slow modes (half-life ≥ 10)").markdown()]
-    return out + ["", f"Reading: {ly.get('description', '')}."]
+    rule = [f"Cost rule: {ly['rule']}."] if ly.get("rule") else []
+    return out + ["", *rule, f"Reading: {ly.get('description', '')}."]
 
 
 def _context(rep: dict) -> list[str]:
