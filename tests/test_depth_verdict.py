@@ -64,11 +64,35 @@ def test_float32_rounding_is_rejudged_in_float64(monkeypatch) -> None:
     assert next(lstm.parameters()).dtype == torch.float32  # the module is left as it was
 
 
+def test_a_given_trace_is_judged_by_the_modules_own_rounding(monkeypatch) -> None:
+    """An anchored trace's state at t is one float64 step from the module's state at t − 1:
+    where float32 rounding is re-judged (the default rule set below it here), the trace differs
+    from the module by that same rounding and is the module's trajectory; a trace of another
+    input is not. (At mamba-130m's width, 2 layers, this was a false FAILED: trace 1.09e-05
+    scaled against a float32 one-step 1.09e-05, float64 9.6e-06.)"""
+    from gatelens.readout import verify as verify_mod
+
+    m = _mamba(2)
+    ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(2))
+    tr = gatelens.trace(m, ids)
+    # 1e-6: between this model's float32 rounding (~3e-6) and its float64 figure (~3e-7;
+    # transformers' RMSNorm rounds to float32 even in a float64 copy)
+    monkeypatch.setattr(verify_mod, "tolerance_for", lambda dtype: 1e-6)
+    v = gatelens.verify(m, ids, trace=tr)
+    f32 = v.meta["float64_rejudge"]["float32_one_step"]
+    assert v.trace_max_scaled_diff_h > 1e-6 and v.passes_one_step
+    assert v.trace_max_scaled_diff_h <= f32 + 2.0 ** -23
+    assert v.passed and "no more than the module's own float32 rounding" in v.explain()
+    other = gatelens.verify(m, ids, trace=gatelens.trace(m, (ids + 1) % 11))
+    assert other.passes_one_step and not other.passed
+    assert "not the module's trajectory (FAILED)" in other.explain()
+
+
 @pytest.mark.parametrize("layers", [2, 24])
 def test_a_correct_read_out_passes_at_depth(layers) -> None:
     m = _mamba(layers)
     ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(2))
-    v = gatelens.verify(m, ids)
+    v = gatelens.verify(m, ids, trace=gatelens.trace(m, ids))
     assert v.passed, v.explain()
     # measured on an Intel Xeon: float32 1.6e-05 at 24 layers (a false FAILED under the
     # fixed rule), 1.7e-07 against the float64 forward; 2 layers pass in float32 already

@@ -49,6 +49,26 @@ def can_rejudge(fam: Family, call: Call) -> bool:
             and call.layout.get("packed") is None)
 
 
+def trace_within_rounding(trace_h: float, trace_c: float | None, tol: float,
+                          depth: dict) -> bool:
+    """A given trace against the module's trajectory, where float32 said no to the step and
+    float64 said it is right: an anchored trace's state at t is one float64 step from the
+    module's own state at t − 1, so it differs from the module by exactly the module's
+    float32 rounding of one step, measured on the same call (``depth``'s figures). It
+    passes within that figure (never less than ``tol``) plus one float32 ulp (2^-23) for
+    the trace's storage; a trace of another input or another read-out stays far above.
+
+    >>> trace_within_rounding(1.09e-5, None, 1e-5, {"float32_one_step": 1.09e-5})
+    True
+    >>> trace_within_rounding(3e-5, None, 1e-5, {"float32_one_step": 1.09e-5})
+    False
+    """
+    ulp = 2.0 ** -23
+    ok_h = trace_h <= max(tol, depth["float32_one_step"]) + ulp
+    c32 = depth.get("float32_one_step_c") or 0.0
+    return ok_h and (trace_c is None or trace_c <= max(tol, c32) + ulp)
+
+
 def one_step_float64(fam: Family, call: Call) -> list[LayerDiff]:
     """The one-step rows of ``fam``'s read-out against the module's own float64 forward on
     ``call`` (a float64 copy of the module; the module itself is left as it is)."""

@@ -38,13 +38,14 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, LayerDiff, Readout, Reference
 from gatelens.families.registry import open_family
 from gatelens.families.torch_ops import as_computed
-from gatelens.readout.depth import can_rejudge, one_step_float64
+from gatelens.readout.depth import can_rejudge, one_step_float64, trace_within_rounding
 from gatelens.readout.trace import State, through_hooks
 from gatelens.readout.trace_types import Trace
 from gatelens.readout.verify_figures import (  # noqa: F401 - check_tol re-exported
     as_readout,
     check_tol,
     finite_or_none,
+    hooks_sentence,
     max_or_none,
     maxes,
 )
@@ -144,10 +145,20 @@ class VerifyResult:
         same rule. Never when a figure is not finite."""
         if self.nonfinite:
             return False
-        ok = passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol)
-        if self.trace_max_abs_diff_h is not None:
-            ok = ok and passes(self._trace_h, self.trace_max_scaled_diff_c, self.tol)
-        return ok
+        return passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol) and self.trace_passes
+
+    @property
+    def trace_passes(self) -> bool:
+        """A given trace is on the module's trajectory (True without one): within ``tol``,
+        or within the module's own float32 rounding where float64 re-judged the step
+        (``depth.trace_within_rounding``)."""
+        if self.trace_max_abs_diff_h is None:
+            return True
+        if passes(self._trace_h, self.trace_max_scaled_diff_c, self.tol):
+            return True
+        depth = self.meta.get("float64_rejudge")
+        return bool(depth) and self.passes_one_step and trace_within_rounding(
+            self._trace_h, self.trace_max_scaled_diff_c, self.tol, depth)
 
     @property
     def _trace_h(self) -> float:
@@ -227,28 +238,14 @@ class VerifyResult:
         else:
             out += (f" Free-running divergence {fr:.3g}: the step-by-step re-run stays on the "
                     "module's trajectory (contracting on this text).")
-        out += self._explain_hooks()
-        if self.trace_max_abs_diff_h is not None and not passes(
-                self._trace_h, self.trace_max_scaled_diff_c, self.tol):
+        out += hooks_sentence(self.meta)
+        if not self.trace_passes:
             c = "" if self.trace_max_scaled_diff_c is None else (
                 f", c {self.trace_max_scaled_diff_c:.3g} scaled by max(1, |c|)")
             out += (f" The trace given differs from the module's own states by h "
                     f"{self.trace_max_abs_diff_h:.3g}{c}: it is not the module's trajectory "
                     "(FAILED).")
         return out
-
-    def _explain_hooks(self) -> str:
-        """The sentence on a module read on its own call, hooks included (none without).
-
-        >>> VerifyResult("gru", [], 1e-7, None, None, 1e-7, meta={"hooks": ["forward "
-        ...     "pre-hook f"], "inputs": "as given"})._explain_hooks()
-        " Read on the module's own call, its hooks run (forward pre-hook f): inputs as given."
-        """
-        hooks = self.meta.get("hooks")
-        if not hooks:
-            return ""
-        return (f" Read on the module's own call, its hooks run ({', '.join(hooks)}): inputs "
-                f"{self.meta.get('inputs', 'as its forward received them')}.")
 
     def _explain_modern(self) -> str:
         """explain() for gatelens's own cells, whose reference is their parallel form.
@@ -270,11 +267,12 @@ class VerifyResult:
                     "rounding carried up through the layers, not an error by itself." if ok else
                     "not read, as the step itself is wrong; it is no evidence of rounding."))
         if self.trace_max_abs_diff_h is not None:
-            ok = passes(self._trace_h, None, self.tol)
+            ok = self.trace_passes
             out += (f" The trace given differs from the trajectory of the module's forward by "
-                    f"{self._trace_h:.3g} scaled" + (" (passed)." if ok else
-                                                     ": it is not the module's trajectory "
-                                                     "(FAILED)."))
+                    f"{self._trace_h:.3g} scaled" + (
+                        " (passed)." if passes(self._trace_h, None, self.tol) else
+                        ", no more than the module's own float32 rounding of one step (passed)."
+                        if ok else ": it is not the module's trajectory (FAILED)."))
         return out
 
     @property
@@ -331,7 +329,8 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
                 and can_rejudge(fam, call)):
             # float32 says no: re-judged against the module's own float64 forward (depth.py)
             depth = {"float32_one_step": maxes(one, "max_scaled_diff_h")
-                     or maxes(one, "max_abs_diff_h")}
+                     or maxes(one, "max_abs_diff_h"),
+                     "float32_one_step_c": maxes(one, "max_scaled_diff_c")}
             one = one_step_float64(fam, call)
             rule += "; re-judged in float64 where float32 rounding exceeded it"
         given = None

@@ -47,3 +47,16 @@ def check_tol(tol: float) -> None:
     """
     if not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
         raise ValueError(f"the tolerance must be a finite number >= 0; got {tol!r}")
+
+
+def hooks_sentence(meta: dict) -> str:
+    """The sentence on a module read on its own call, hooks included (none without).
+
+    >>> hooks_sentence({"hooks": ["forward pre-hook f"], "inputs": "as given"})
+    " Read on the module's own call, its hooks run (forward pre-hook f): inputs as given."
+    """
+    hooks = meta.get("hooks")
+    if not hooks:
+        return ""
+    return (f" Read on the module's own call, its hooks run ({', '.join(hooks)}): inputs "
+            f"{meta.get('inputs', 'as its forward received them')}.")
