@@ -111,3 +111,29 @@ def test_lengths_and_bad_input() -> None:
         ContextAccumulator(m, 10).update(torch.zeros(2, 9, dtype=torch.long))
     with pytest.raises(GatelensError, match=r"\(N, d, V\) logits"):
         context_used(lambda i: torch.zeros(i.shape[0], 4), torch.zeros(2, 10, dtype=torch.long))
+
+
+def test_the_logits_bound_chunks_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 50k-token vocabulary's logits are bounded by MAX_LOGITS, not only by max_chars:
+    with the bound set to 3 vocabularies' worth, no call past the first (the whole windows)
+    sees more than 3 positions, and the result equals the unbounded one to the last bit."""
+    import gatelens.analysis.context as ctx
+
+    V, T = 5, 16
+    model = Memoryless(V).double()
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    free = ContextAccumulator(lambda i: model(i), T)
+    free.update(ids)
+    seen: list[tuple[int, int]] = []
+
+    def logged(i: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(i.shape))
+        return model(i)
+
+    monkeypatch.setattr(ctx, "MAX_LOGITS", 3 * V)
+    bounded = ContextAccumulator(logged, T)
+    bounded.update(ids)
+    assert seen[0] == (2, T)  # the whole windows, once
+    assert all(n * d <= 3 or n == 1 for n, d in seen[1:])  # then ≤ 3 positions, or 1 sequence
+    assert len(seen) > 1 + len(context_lengths(T))  # so it did chunk
+    assert bounded.result().excess_loss == free.result().excess_loss

@@ -9,7 +9,7 @@ position 0; the mean over positions and windows is the excess loss at d, for d =
 
 ``logits_of(ids (N, d)) -> (N, d, V)`` runs the whole model (embedding or one-hot, the
 recurrent module, the head) from its default state. Every truncated sequence of one d is
-run at once, in chunks of at most ``max_chars`` characters.
+run at once, in chunks of at most ``max_chars`` characters and ``MAX_LOGITS`` logits.
 
 >>> import torch
 >>> V = 5
@@ -33,6 +33,7 @@ from gatelens.errors import GatelensError
 LogitsOf = Callable[[Tensor], Tensor]
 THRESHOLD = 0.01  # nats: "the prediction no longer needs more context"
 MAX_CHARS = 1 << 18  # characters per call of logits_of (bounds the logits' memory)
+MAX_LOGITS = 1 << 25  # logits per call: with a 50k-token vocabulary, ~670 tokens (128 MB)
 
 
 def context_lengths(length: int) -> list[int]:
@@ -128,13 +129,16 @@ class ContextAccumulator:
             got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
             raise GatelensError(f"ids must be (B, {self.length}) windows; got {got}")
         B, T = ids.shape
-        full = _losses(_logits(self.logits_of, ids)[:, :-1], ids[:, 1:])  # (B, T − 1), at t
+        whole = _logits(self.logits_of, ids)
+        full = _losses(whole[:, :-1], ids[:, 1:])  # (B, T − 1), at t
+        chars = max(1, min(self.max_chars, MAX_LOGITS // int(whole.shape[-1])))
+        del whole
         for i, d in enumerate(self.lengths):
             # the context ending at t starts at s = t − d + 1: s = 1 … T − d − 1
             seqs = ids.unfold(1, d, 1)[:, 1 : T - d]  # (B, T − d − 1, d)
             targets = ids[:, d + 1 :]  # x_{t+1} for t = d … T − 2, (B, T − d − 1)
             flat, tflat = seqs.reshape(-1, d), targets.reshape(-1)
-            per = max(1, self.max_chars // d)
+            per = max(1, chars // d)
             cut = torch.cat([_losses(_logits(self.logits_of, flat[a : a + per])[:, -1],
                                      tflat[a : a + per]) for a in range(0, flat.shape[0], per)])
             excess = cut - full[:, d:].reshape(-1)
