@@ -42,6 +42,7 @@ bench: install
 	$(PY) benchmarks/bench_modern.py
 	$(PY) benchmarks/bench_patching.py
 	$(PY) benchmarks/bench_families_2026.py
+	$(PY) benchmarks/bench_real_size.py --layers 2 --windows 2
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache
