@@ -74,7 +74,7 @@ def test_a_given_trace_is_judged_by_the_modules_own_rounding(monkeypatch) -> Non
 
     m = _mamba(2)
     ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(2))
-    tr = gatelens.trace(m, ids)
+    tr = gatelens.trace(m, ids, method="anchored")  # the hand cell's (the default: its own)
     # 1e-6: between this model's float32 rounding (~3e-6) and its float64 figure (~3e-7;
     # transformers' RMSNorm rounds to float32 even in a float64 copy)
     monkeypatch.setattr(verify_mod, "tolerance_for", lambda dtype: 1e-6)
@@ -83,6 +83,9 @@ def test_a_given_trace_is_judged_by_the_modules_own_rounding(monkeypatch) -> Non
     assert v.trace_max_scaled_diff_h > 1e-6 and v.passes_one_step
     assert v.trace_max_scaled_diff_h <= f32 + 2.0 ** -23
     assert v.passed and "no more than the module's own float32 rounding" in v.explain()
+    own = gatelens.trace(m, ids)  # the module's own values: no rounding of another cell
+    assert own.meta["method"] == "own"
+    assert gatelens.verify(m, ids, trace=own).trace_max_scaled_diff_h == 0.0
     other = gatelens.verify(m, ids, trace=gatelens.trace(m, (ids + 1) % 11))
     assert other.passes_one_step and not other.passed
     assert "not the module's trajectory (FAILED)" in other.explain()

@@ -405,3 +405,16 @@ def test_a_cache_or_a_padding_mask_is_refused_in_one_line_naming_the_layer():
         fam.check(inputs, state)
     with pytest.raises(GatelensError, match="inputs must be a float tensor"):
         fam.check(torch.zeros(B, T, dtype=torch.long))
+
+
+@pytest.mark.parametrize("settings", [{}, {"mamba_rms_norm": False}])
+def test_the_free_running_rerun_by_layer_is_the_step_by_step_one(settings):
+    """``scan_layer`` (the hand cell over a whole window, as the free-running re-run runs it)
+    against ``step_cell`` token by token, with FalconH1's μP multipliers, gated norm or not."""
+    model = build("falcon_h1", **settings)
+    fam = HFMamba2MixerFamily(model.model.layers[0].mamba)
+    call = fam.check(torch.randn(B, T, D, generator=torch.Generator().manual_seed(3)))
+    with torch.no_grad():
+        by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
+    for name, v in by_step.signals.items():
+        assert (by_layer.signals[name] - v).abs().max() <= 1e-6 * v.abs().max().clamp(min=1)

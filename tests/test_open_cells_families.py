@@ -272,8 +272,9 @@ def count_calls(modules: dict[str, nn.Module]) -> tuple[dict[str, int], list]:
 
 def test_open_cells_at_depth_runs_each_reference_once_per_forward(monkeypatch):
     """An 8-layer HF Mamba and an 8-layer minLM (whose minGRU layers are opened too): one
-    reference run per forward, and every layer runs as often as at the bottom: its own
-    forward, the reference's whole-sequence forward and its T steps (linear in depth)."""
+    reference run per forward, and every layer runs as often as at the bottom (linear in
+    depth): its own forward and the reference's whole-sequence forward (Mamba's states are
+    read from that forward, families/forward_scan.py), plus its T decode steps (minLM)."""
     transformers = pytest.importorskip("transformers")
     from minGRU_pytorch.minLM import minLM
 
@@ -287,9 +288,9 @@ def test_open_cells_at_depth_runs_each_reference_once_per_forward(monkeypatch):
         conv_kernel=2, time_step_rank=2, use_cache=False)).eval()
     lm = minLM(num_tokens=VOCAB, dim=8, depth=depth).eval()
     ids = torch.randint(0, VOCAB, (B, T))
-    for model, fam, layers, path in [
-            (mamba, HFMambaFamily, [b.mixer for b in mamba.backbone.layers], "backbone"),
-            (lm, MinGRUPytorchFamily, [layer[2] for layer in lm.layers], "")]:
+    for model, fam, layers, path, runs in [
+            (mamba, HFMambaFamily, [b.mixer for b in mamba.backbone.layers], "backbone", 2),
+            (lm, MinGRUPytorchFamily, [layer[2] for layer in lm.layers], "", 2 + T)]:
         refs = {"n": 0}
         original = fam.reference
 
@@ -306,7 +307,7 @@ def test_open_cells_at_depth_runs_each_reference_once_per_forward(monkeypatch):
             for h in handles:
                 h.remove()
         assert refs["n"] == 1
-        assert calls == {f"layer{k}": 2 + T for k in range(depth)}
+        assert calls == {f"layer{k}": runs for k in range(depth)}
         assert list(cache.traces) == [path]
         prefix = f"{path}." if path else ""
         assert cache[f"{prefix}layer{depth - 1}.h" if fam is MinGRUPytorchFamily

@@ -245,6 +245,12 @@ class Family(abc.ABC):
     def read(self, call: Call, ref: Reference) -> Readout:
         """The anchored read-out: every signal of the trajectory the module took."""
 
+    def read_own(self, call: Call, ref: Reference) -> Readout | None:
+        """Every signal as the module itself computed it, where the reference holds them all
+        (a family whose states and gates are read from the module's own forward); None
+        where a hand cell must compute the gates (``read``)."""
+        return None
+
     def rerun(self, call: Call) -> Readout:
         """The hand cell from the initial state on its own outputs (free-running)."""
         return self.read(call, self.reference(call))

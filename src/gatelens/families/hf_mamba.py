@@ -35,7 +35,14 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
-from gatelens.families.official import OfficialFamily, Recorder, buffer_units
+from gatelens.families.forward_scan import linear_scan
+from gatelens.families.official import (
+    OfficialFamily,
+    Recorder,
+    buffer_units,
+    conv_buffer,
+    scaled_diff,
+)
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
 
@@ -158,13 +165,10 @@ class MambaCell(OfficialFamily):
     def _bcdt(self, mixer: nn.Module, dt: Tensor, B: Tensor, C: Tensor):
         return dt, B, C
 
-    def step_cell(self, k, m, u, parts, aux, edit=None):
-        edit = edit or (lambda letter, v: v)  # an intervention's edit inside the step
-        mix = self.mixers(m)[k]
-        Din, N, K = self.d_inner, self.d_state, self.d_conv
-        buf, s = parts
-        x, z = mix.in_proj(u).chunk(2, dim=-1)  # (R, Din) each
-        window = torch.cat([buf.view(-1, K - 1, Din), x[:, None]], dim=1)  # (R, K, Din)
+    def _selective(self, mix: nn.Module, window: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The input side of a step, R rows: the convolution over ``window`` (R, K, Din: the
+        last K inputs x, this step's last), activated (x̂), and Δ, B, C from it."""
+        N = self.d_state
         w = mix.conv1d.weight[:, 0].T  # (K, Din), tap j on x_{t−K+1+j}
         xc = (window * w).sum(dim=1)
         if mix.conv1d.bias is not None:
@@ -173,7 +177,17 @@ class MambaCell(OfficialFamily):
         rank = mix.dt_proj.weight.shape[1]
         dt, B, C = torch.split(mix.x_proj(xc), [rank, N, N], dim=-1)
         dt, B, C = self._bcdt(mix, dt, B, C)
-        delta = edit("delta", F.softplus(dt @ mix.dt_proj.weight.T + mix.dt_proj.bias))
+        return xc, F.softplus(dt @ mix.dt_proj.weight.T + mix.dt_proj.bias), B, C
+
+    def step_cell(self, k, m, u, parts, aux, edit=None):
+        edit = edit or (lambda letter, v: v)  # an intervention's edit inside the step
+        mix = self.mixers(m)[k]
+        Din, N, K = self.d_inner, self.d_state, self.d_conv
+        buf, s = parts
+        x, z = mix.in_proj(u).chunk(2, dim=-1)  # (R, Din) each
+        window = torch.cat([buf.view(-1, K - 1, Din), x[:, None]], dim=1)  # (R, K, Din)
+        xc, delta, B, C = self._selective(mix, window)
+        delta = edit("delta", delta)
         A = -torch.exp(mix.A_log.float()).to(u.dtype)  # (Din, N): both packages take it in float32
         a = edit("a", torch.exp(delta[..., None] * A).reshape(-1, Din * N)).view(-1, Din, N)
         s_new = a * s.view(-1, Din, N) + delta[..., None] * B[:, None, :] * xc[..., None]
@@ -182,6 +196,31 @@ class MambaCell(OfficialFamily):
         y = mix.out_proj(y * F.silu(z))
         new = [window[:, 1:].reshape(-1, (K - 1) * Din), s_new.reshape(-1, Din * N)]
         return {"delta": delta, "a": a.reshape(-1, Din * N)}, new, y
+
+    def scan_layer(self, k: int, m: nn.Module, u: Tensor
+                   ) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
+        """Layer k's hand cell over a whole sequence ``u`` (B, T, F) from the zero state, in
+        ``m``'s dtype: every step's input side at once (it reads no state), then the
+        recurrence s_t = a_t ⊙ s_{t−1} + Δ_t B_t x̂_t along time (forward_scan.linear_scan).
+        The same equations as ``step_cell``; (signals, parts, y), each (B, T, ·)."""
+        mix = self.mixers(m)[k]
+        Din, N, K = self.d_inner, self.d_state, self.d_conv
+        Bn, T = u.shape[:2]
+        x, z = mix.in_proj(u).chunk(2, dim=-1)  # (B, T, Din) each
+        pad = torch.cat([x.new_zeros(Bn, K - 1, Din), x], dim=1)  # (B, T + K − 1, Din)
+        window = pad.unfold(1, K, 1).transpose(2, 3).reshape(Bn * T, K, Din)  # (B·T, K, Din)
+        xc, delta, B, C = self._selective(mix, window)
+        A = -torch.exp(mix.A_log.float()).to(u.dtype)
+        a = torch.exp(delta[..., None] * A)  # (B·T, Din, N)
+        b = delta[..., None] * B[:, None, :] * xc[..., None]
+        s = linear_scan(a.view(Bn, T, Din, N).transpose(0, 1),
+                        b.view(Bn, T, Din, N).transpose(0, 1))  # (T, B, Din, N)
+        s = s.transpose(0, 1).reshape(Bn * T, Din, N)  # (B·T, Din, N)
+        y = (s @ C[..., None])[..., 0] + mix.D * xc
+        y = mix.out_proj(y * F.silu(z.reshape(Bn * T, Din)))
+        parts = [conv_buffer(x, K), s.reshape(Bn, T, Din * N)]
+        return ({"delta": delta.view(Bn, T, Din), "a": a.view(Bn, T, Din * N)}, parts,
+                y.view(Bn, T, -1))
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]
@@ -224,6 +263,39 @@ class HFMambaFamily(MambaCell):
         """What the module returns for the call (a ModelOutput), its cache off."""
         return self.module(inputs_embeds=call.inputs, use_cache=False)
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """Every state from one whole-sequence forward (families/forward_scan.py): hooks on
+        each mixer's in_proj, x_proj and out_proj, the scan replayed on what they caught.
+        transformers' ``MambaMixer`` only (a subclass's mixer computes Δ, B, C its own way)."""
+        mixers = self.mixers(self.module)
+        if any(type(mix).__module__ != _HF or type(mix).__name__ != "MambaMixer"
+               for mix in mixers):
+            return None
+        L = self.num_layers
+        mods: dict[str, nn.Module] = {}
+        for k, block in enumerate(self.module.layers):
+            mods.update({f"block{k}": block, f"mixer{k}": block.mixer,
+                         f"in{k}": block.mixer.in_proj, f"xp{k}": block.mixer.x_proj,
+                         f"out{k}": block.mixer.out_proj})
+        with Recorder(mods) as rec:
+            output = self._forward(call)
+        parts, own, gap = [], [], (0.0, 0.0)
+        for k, mix in enumerate(mixers):
+            proj = rec.stacked(f"in{k}", outputs=True)  # (B, T, 2·Din): x, then the gate z
+            x, z = proj.chunk(2, dim=-1)
+            sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"),
+                                    rec.stacked(f"xp{k}", outputs=True), z)
+            d = scaled_diff(y, rec.stacked(f"out{k}"))  # the replay against the module's scan
+            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            parts.append([conv_buffer(x, self.d_conv), s])
+            own.append(sig)
+        return {"x": [rec.stacked(f"block{k}") for k in range(L)],
+                "u": [rec.stacked(f"mixer{k}") for k in range(L)],
+                "y": [rec.stacked(f"mixer{k}", outputs=True) for k in range(L)],
+                "xo": [rec.stacked(f"block{k}", outputs=True) for k in range(L)],
+                "parts": parts, "aux": [None] * L, "output": output, "own": own,
+                "step_vs_forward": gap}
+
     def _trajectory(self, call: Call) -> dict:
         from transformers import DynamicCache
 
@@ -259,3 +331,28 @@ class HFMambaFamily(MambaCell):
 
     def final(self, m, x):
         return m.norm_f(x)
+
+
+@torch.no_grad()
+def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor
+                ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """transformers' Mamba-1 selective scan replayed from what its mixer's x_proj received
+    (``xh``: the convolution's activated output, (B, T, Din)) and returned (``xproj``:
+    (B, T, rank + 2N)), with the package's own operations in its own layout and order
+    (``mamba_selective_scan``'s sequential branch), so every state is the one its scan held.
+    Returns its Δ (B, T, Din) and keep a = exp(Δ A) (B, T, Din·N) as the mixer formed them,
+    s (B, T, Din·N), and the scan's output before out_proj, (C·s + D x̂) ⊙ silu(z)
+    (B, T, Din), the figure the module's own is compared with."""
+    N, rank = int(mix.ssm_state_size), int(mix.time_step_rank)
+    Bn, T = xh.shape[:2]
+    ts, Bm, Cm = torch.split(xproj, [rank, N, N], dim=-1)  # (B, T, ·) each
+    time_step = mix.dt_proj.weight @ ts.transpose(1, 2)  # (B, Din, T), as the mixer forms it
+    dt = F.softplus(time_step + mix.dt_proj.bias.float()[..., None])
+    A = -torch.exp(mix.A_log.float())  # (Din, N)
+    dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (B, Din, T, N)
+    dBu = (dt[:, :, :, None] * Bm[:, None, :, :].float()) * xh.transpose(1, 2)[..., None].float()
+    a = dA.permute(2, 0, 1, 3)  # (T, B, Din, N)
+    s = linear_scan(a, dBu.permute(2, 0, 1, 3)).transpose(0, 1)  # (B, T, Din, N)
+    y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D  # (B, T, Din)
+    sig = {"delta": dt.transpose(1, 2), "a": a.transpose(0, 1).reshape(Bn, T, -1)}
+    return sig, s.reshape(Bn, T, -1), y * F.silu(z)

@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gatelens.families.forward_scan import linear_scan
 from gatelens.families.hf_mamba import HFMambaFamily, hf_forward, hf_model
-from gatelens.families.official import buffer_units
+from gatelens.families.official import Recorder, buffer_units, conv_buffer, scaled_diff
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
 
@@ -109,6 +110,46 @@ class HFMamba2Family(HFMambaFamily):
         mix = self.mixers(m)[k]
         return mamba2_step(mix, mix.in_proj(u), parts, edit)
 
+    def scan_layer(self, k, m, u):
+        mix = self.mixers(m)[k]
+        return mamba2_scan(mix, mix.in_proj(u))
+
+    def _forward_trajectory(self, call):
+        """Every state from one whole-sequence forward (families/forward_scan.py): hooks on
+        each mixer's in_proj and gated norm; the package's own convolution on what in_proj
+        returned, and its decode step's recurrence replayed on it. The chunked scan of the
+        forward holds no per-token state; its output against the replay's is
+        ``step_vs_forward``."""
+        from transformers.models.mamba2 import modeling_mamba2 as hf
+
+        mixers = self.mixers(self.module)
+        if any(type(mix) is not hf.Mamba2Mixer for mix in mixers):
+            return None
+        L = self.num_layers
+        mods: dict[str, nn.Module] = {}
+        for k, block in enumerate(self.module.layers):
+            mods.update({f"block{k}": block, f"mixer{k}": block.mixer,
+                         f"in{k}": block.mixer.in_proj, f"norm{k}": block.mixer.norm})
+        with Recorder(mods) as rec:
+            output = self._forward(call)
+        parts, own, gap = [], [], (0.0, 0.0)
+        for k, mix in enumerate(mixers):
+            zxbcdt = rec.stacked(f"in{k}", outputs=True)  # (B, T, inner + conv_dim + heads)
+            _, xbc, _ = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)
+            xc = hf.causal_conv1d_fn(xbc.transpose(1, 2), mix.conv1d.weight.squeeze(1),
+                                     mix.conv1d.bias, activation=mix.activation).transpose(1, 2)
+            sig, s, y = mamba2_replay(mix, zxbcdt, xc)
+            d = scaled_diff(y, rec.stacked(f"norm{k}"))  # the chunked scan against the replay
+            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            parts.append([conv_buffer(xbc, self.d_conv), s])
+            own.append(sig)
+        return {"x": [rec.stacked(f"block{k}") for k in range(L)],
+                "u": [rec.stacked(f"mixer{k}") for k in range(L)],
+                "y": [rec.stacked(f"mixer{k}", outputs=True) for k in range(L)],
+                "xo": [rec.stacked(f"block{k}", outputs=True) for k in range(L)],
+                "parts": parts, "aux": [None] * L, "output": output, "own": own,
+                "step_vs_forward": gap}
+
 
 def mamba2_step(mix: nn.Module, zxbcdt: Tensor, parts: list[Tensor], edit=None,
                 gated=None) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
@@ -142,3 +183,64 @@ def mamba2_step(mix: nn.Module, zxbcdt: Tensor, parts: list[Tensor], edit=None,
     y = mix.out_proj(gated(y, gate) if gated is not None else mix.norm(y, gate))
     new = [window[:, 1:].reshape(-1, (K - 1) * cd), s_new.reshape(-1, NH * P * N)]
     return {"delta": delta, "a": a}, new, y
+
+
+def _heads(mix: nn.Module, xc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x (·, ·, NH, P), B and C (·, ·, NH, N), a group's B and C for each of its heads, from
+    the convolution's activated output (·, ·, conv_dim): (B, T) or (T, B) first."""
+    NH, P, N, G = int(mix.num_heads), int(mix.head_dim), int(mix.ssm_state_size), mix.n_groups
+    Bn, T = xc.shape[:2]
+    x, B, C = torch.split(xc, [mix.intermediate_size, G * N, G * N], dim=-1)
+    rep = NH // G
+    return (x.reshape(Bn, T, NH, P), B.reshape(Bn, T, G, N).repeat_interleave(rep, dim=2),
+            C.reshape(Bn, T, G, N).repeat_interleave(rep, dim=2))
+
+
+@torch.no_grad()
+def mamba2_replay(mix: nn.Module, zxbcdt: Tensor, xc: Tensor
+                  ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """The package's decode step (``mamba2_selective_state_update``) replayed along a whole
+    window, in its own operations and order: Δ = softplus(δ + dt_bias), a = exp(Δ A),
+    s = s ⊙ a + (Δ B) x, y = s C + D x. ``zxbcdt``: in_proj's output, ``xc``: the convolution's
+    activated output, as the forward computed them, (B, T, ·). Returns ({"delta", "a"}
+    (B, T, NH) each), s (B, T, NH·P·N) and y before the gated norm (B, T, inner). Computed
+    time-major, so the states are made once, in the layout the recurrence walks."""
+    NH = int(mix.num_heads)
+    Bn, T = zxbcdt.shape[:2]
+    dt = zxbcdt[..., -NH:].transpose(0, 1)  # (T, B, NH)
+    x, B, C = _heads(mix, xc.transpose(0, 1))  # (T, B, NH, ·)
+    delta = F.softplus(dt + mix.dt_bias.to(dt.dtype))
+    a = torch.exp(delta.float() * (-torch.exp(mix.A_log.float())))  # (T, B, NH)
+    b = (delta[..., None, None] * B[:, :, :, None, :]) * x[..., None]  # (T, B, NH, P, N)
+    s = linear_scan(a[..., None, None], b)
+    y = (s.to(C.dtype) @ C[..., None])[..., 0] + x * mix.D[:, None]  # (T, B, NH, P)
+    return ({"delta": delta.transpose(0, 1), "a": a.transpose(0, 1)},
+            s.transpose(0, 1).flatten(2), y.transpose(0, 1).reshape(Bn, T, -1))
+
+
+def mamba2_scan(mix: nn.Module, zxbcdt: Tensor, gated=None
+                ) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
+    """``mamba2_step`` over a whole window from the zero state (B, T, ·): every step's input
+    side at once (the convolution over each step's window; it reads no state), then the
+    recurrence along time, time-major (the states made once, in the layout it walks).
+    (signals, parts, y) as ``OfficialFamily.scan_layer`` returns them, (B, T, ·) each."""
+    K, inner, cd = mix.conv1d.weight.shape[-1], mix.intermediate_size, mix.conv_dim
+    NH = int(mix.num_heads)
+    Bn, T = zxbcdt.shape[:2]
+    gate, xbc, dt = zxbcdt.transpose(0, 1).split([inner, cd, NH], dim=-1)  # (T, B, ·) each
+    pad = torch.cat([xbc.new_zeros(K - 1, Bn, cd), xbc], dim=0)  # (T + K − 1, B, cd)
+    window = pad.unfold(0, K, 1).permute(0, 3, 1, 2)  # (T, K, B, cd)
+    xc = (window * mix.conv1d.weight[:, 0].T[:, None]).sum(dim=1)  # (T, B, cd)
+    if mix.conv1d.bias is not None:
+        xc = xc + mix.conv1d.bias
+    x, B, C = _heads(mix, mix.act(xc))  # (T, B, NH, ·)
+    delta = F.softplus(dt + mix.dt_bias)  # (T, B, NH)
+    A = -torch.exp(mix.A_log.float()).to(zxbcdt.dtype)
+    a = torch.exp(delta * A)
+    b = delta[..., None, None] * x[..., None] * B[:, :, :, None, :]  # (T, B, NH, P, N)
+    s = linear_scan(a[..., None, None], b)
+    y = ((s @ C[..., None])[..., 0] + mix.D[:, None] * x).reshape(T, Bn, inner)
+    y = mix.out_proj(gated(y, gate) if gated is not None else mix.norm(y, gate))
+    parts = [conv_buffer(xbc.transpose(0, 1), K), s.transpose(0, 1).flatten(2)]
+    return ({"delta": delta.transpose(0, 1), "a": a.transpose(0, 1)}, parts,
+            y.transpose(0, 1))

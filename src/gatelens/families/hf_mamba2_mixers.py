@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
-from gatelens.families.hf_mamba2 import MAMBA2, mamba2_step
+from gatelens.families.hf_mamba2 import MAMBA2, mamba2_scan, mamba2_step
 from gatelens.families.official import OfficialFamily, buffer_units, scaled_diff
 
 _M = "transformers.models."
@@ -209,12 +209,21 @@ class HFMamba2MixerFamily(OfficialFamily):
         return ref
 
     # ---- the hand cell ---------------------------------------------------------------
-    def step_cell(self, k, m, u, parts, aux, edit=None):
+    def _projected(self, m: nn.Module, u: Tensor):
+        """in_proj's output and what stands between the scan and out_proj (FalconH1's μP
+        multipliers, and its y ⊙ silu(g) where it has no gated norm)."""
         if not hasattr(m, "mup_vector"):
-            return mamba2_step(m, m.in_proj(u), parts, edit)
-        zxbcdt = m.in_proj(u * m.ssm_in_multiplier) * m.mup_vector.reshape(-1)
+            return m.in_proj(u), None
         gated = None if m.mamba_rms_norm else (lambda y, g: y * F.silu(g))
+        return m.in_proj(u * m.ssm_in_multiplier) * m.mup_vector.reshape(-1), gated
+
+    def step_cell(self, k, m, u, parts, aux, edit=None):
+        zxbcdt, gated = self._projected(m, u)
         return mamba2_step(m, zxbcdt, parts, edit, gated=gated)
+
+    def scan_layer(self, k, m, u):
+        zxbcdt, gated = self._projected(m, u)
+        return mamba2_scan(m, zxbcdt, gated=gated)
 
     def own_output(self, call: Call) -> Tensor:
         """What the mixer returns for the call, with no cache."""

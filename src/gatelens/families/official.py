@@ -83,7 +83,7 @@ class Recorder:
     def stacked(self, name: str, outputs: bool = False) -> Tensor:
         """The calls' tensors of ``name`` joined along time, (B, T, ·)."""
         seq = (self.outputs if outputs else self.inputs)[name]
-        return torch.cat(seq, dim=1)
+        return seq[0] if len(seq) == 1 else torch.cat(seq, dim=1)
 
 
 class OfficialFamily(Family, abc.ABC):
@@ -132,6 +132,13 @@ class OfficialFamily(Family, abc.ABC):
     def _forward(self, call: Call) -> Tensor:
         """The module's own whole-sequence forward on the call, its output tensor."""
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """The same dict as ``_trajectory``, its states read from ONE whole-sequence forward
+        (families/forward_scan.py), with "step_vs_forward": (abs, scaled) of the module's
+        own output of the scan against the replayed step path; None where the family reads
+        its states from the decode path (the default)."""
+        return None
+
     @abc.abstractmethod
     def _trajectory(self, call: Call) -> dict:
         """The module's own run: {"x", "u", "y", "xo", "parts", "aux", "output"} (module
@@ -148,7 +155,8 @@ class OfficialFamily(Family, abc.ABC):
 
     @abc.abstractmethod
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
-        """The carried state s (N, S) of layer k from its dynamic parts."""
+        """The carried state s (…, S) of layer k from its dynamic parts (…, n_i): some of them
+        side by side along the last dimension, whatever the leading ones."""
 
     def part_units(self, k: int) -> list[Tensor]:
         """Per dynamic part, the unit of each coordinate (−1: a buffer, no unit); by
@@ -196,23 +204,26 @@ class OfficialFamily(Family, abc.ABC):
         self.module.eval()
         try:
             with torch.no_grad():
-                output = self._forward(call)
-                tr = self._trajectory(call)
+                tr = self._forward_trajectory(call)
+                if tr is None:  # the decode path, one token a call
+                    output = self._forward(call)
+                    tr = self._trajectory(call)
+                    tr["step_vs_forward"] = scaled_diff(tr["output"], output)
+                else:  # the states read from the forward itself
+                    output = tr["output"]
         finally:
             self.module.train(was)
         L, B = self.num_layers, call.batch
         states, inputs, initial = {}, {}, {}
         for k in range(L):
-            after = [p.double() for p in tr["parts"][k]]  # (B, T, n_i) each
-            flat = [p.reshape(-1, p.shape[-1]) for p in after]
-            s = self.state_of(k, flat).reshape(B, call.length, -1)  # (B, T, S)
+            s = self.state_of(k, tr["parts"][k])  # (B, T, S): a selection of the parts
             states[f"{layer_name(k)}.{self.spec.state}"] = s.to(call.inputs.dtype)
             states[f"{layer_name(k)}.y"] = tr["y"][k]
             inputs[layer_name(k)] = tr["u"][k]
             initial[layer_name(k)] = tuple(self.initial_parts(k, B))
         extra = {"x": tr["x"], "xo": tr["xo"], "parts": tr["parts"], "aux": tr["aux"],
-                 "step_output": tr["output"],
-                 "step_vs_forward": scaled_diff(tr["output"], output)}
+                 "step_output": tr["output"], "step_vs_forward": tr["step_vs_forward"],
+                 "own": tr.get("own")}
         return Reference(states=states, inputs=inputs, initial=initial, output=output,
                          final=None, extra=extra)
 
@@ -240,6 +251,22 @@ class OfficialFamily(Family, abc.ABC):
         # unit's keep factor scales each coordinate of s (Trace.meta["state_units"])
         units = [self.state_units(k) for k in range(self.num_layers)]
         return Readout(signals=signals, meta={"method": "anchored", "family": self.name,
+                                              "state_units": units})
+
+    def read_own(self, call: Call, ref: Reference) -> Readout | None:
+        """Every signal as the module itself computed it, where its states were read from its
+        own forward with the gates it formed (``_forward_trajectory``'s "own": Δ and the
+        keep a in the module's dtype; s and y its own): no hand cell runs. None otherwise."""
+        own = ref.extra.get("own")
+        if own is None:
+            return None
+        signals = {}
+        for k in range(self.num_layers):
+            for letter in self.letters(k):
+                name = f"{layer_name(k)}.{letter}"
+                signals[name] = own[k][letter] if letter in own[k] else ref.states[name]
+        units = [self.state_units(k) for k in range(self.num_layers)]
+        return Readout(signals=signals, meta={"method": "own", "family": self.name,
                                               "state_units": units})
 
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
@@ -275,6 +302,12 @@ class OfficialFamily(Family, abc.ABC):
                 for r, (a, s) in zip(rows, self.links(ref), strict=True)]
 
     def rerun(self, call: Call) -> Readout:
+        if hasattr(self, "scan_layer"):
+            return self._rerun_by_layer(call)
+        return self._rerun_by_step(call)
+
+    def _rerun_by_step(self, call: Call) -> Readout:
+        """The free-running re-run token by token, every layer at each step."""
         L = self.num_layers
         aux_all = self.reference(call).extra["aux"] if self.uses_aux else [None] * L
         m, B, dtype = self.float64(), call.batch, call.inputs.dtype
@@ -293,6 +326,24 @@ class OfficialFamily(Family, abc.ABC):
                     for letter in self.letters(k):
                         seq.setdefault(f"{layer_name(k)}.{letter}", []).append(sig[letter])
         signals = {n: torch.stack(v, dim=1).to(dtype) for n, v in seq.items()}
+        return Readout(signals={n: signals[n] for n in self.names()},
+                       meta={"method": "free-running", "family": self.name})
+
+    def _rerun_by_layer(self, call: Call) -> Readout:
+        """The free-running re-run one layer at a time, each over the whole window
+        (``scan_layer``: a family whose step reads its state only through a linear
+        recurrence computes every step's input side at once): the same hand cell on its own
+        outputs as the step-by-step loop, without T·L calls from Python."""
+        m, dtype, B, T = self.float64(), call.inputs.dtype, call.batch, call.length
+        x, signals = call.inputs.double(), {}
+        with torch.no_grad():
+            for k in range(self.num_layers):
+                sig, parts, y = self.scan_layer(k, m, self.pre(k, m, x))
+                flat = [p.reshape(B * T, -1) for p in parts]
+                sig = {**sig, self.spec.state: self.state_of(k, flat).reshape(B, T, -1), "y": y}
+                x = self.post(k, m, x, y)
+                for letter in self.letters(k):
+                    signals[f"{layer_name(k)}.{letter}"] = sig[letter].to(dtype)
         return Readout(signals={n: signals[n] for n in self.names()},
                        meta={"method": "free-running", "family": self.name})
 

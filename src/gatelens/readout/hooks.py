@@ -33,7 +33,7 @@ from gatelens.families.stepped import recorded_output_diff
 from gatelens.readout.own_call import mark
 from gatelens.readout.select import Selection, keeps_name, select_paths
 from gatelens.readout.stitch import Stitcher, is_step_call
-from gatelens.readout.trace import assemble
+from gatelens.readout.trace import assemble, own_or_anchored
 from gatelens.readout.trace_types import Trace
 
 
@@ -198,7 +198,8 @@ def open_cells(model: nn.Module, layers: Selection = None,
             with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device), \
                     family_calls():
                 packed = call.layout.get("packed") is not None
-                ro = fam.rerun(call) if packed else fam.read(call, fam.reference(call))
+                ro = fam.rerun(call) if packed else own_or_anchored(fam, call,
+                                                                    fam.reference(call))
                 diff = fam.output_diff(ro, output)
             cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro), names))
             if diff is not None:

@@ -49,7 +49,7 @@ from gatelens.readout.trace_types import Trace
 State = Tensor | tuple[Tensor, ...] | None
 
 #: Read-out methods; "parallel" is the former name of "anchored" (the same computation).
-METHODS = ("anchored", "step", "parallel")
+METHODS = ("own", "anchored", "step", "parallel")
 
 
 def check_names(names: Sequence[str] | None, valid: list[str]) -> list[str]:
@@ -91,14 +91,28 @@ def assemble(fam: Family, call: Call, ro: Readout, names: Sequence[str] | None =
 
 
 def resolve_method(method: str | None, call: Call) -> str:
-    """The read-out method: "anchored" for padded input, "step" for a PackedSequence."""
+    """The read-out method: "anchored" for padded input (the module's own values first where
+    its family reads them, ``own_or_anchored``), "step" for a PackedSequence."""
     if method is not None and method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     packed = call.layout.get("packed") is not None
     method = {"parallel": "anchored"}.get(method, method) or ("step" if packed else "anchored")
-    if method == "anchored" and packed:
-        raise ValueError("method='anchored' takes padded input, not a PackedSequence")
+    if method in ("anchored", "own") and packed:
+        raise ValueError(f"method={method!r} takes padded input, not a PackedSequence")
     return method
+
+
+def own_or_anchored(fam: Family, call: Call, ref: Reference, method: str | None = None
+                    ) -> Readout:
+    """The read-out of a reference: every signal as the module itself computed it where its
+    family reads them from the module's own forward (``Family.read_own``: Mamba-1, Mamba-2),
+    else the anchored hand cell (``Family.read``); ``method`` "anchored" always the hand cell,
+    "own" never (a family that cannot is refused in one line)."""
+    ro = None if method == "anchored" else fam.read_own(call, ref)
+    if ro is None and method == "own":
+        raise ValueError(f"method='own' reads the module's own gates from its forward, which "
+                         f"the {fam.name} family does not; use 'anchored'")
+    return fam.read(call, ref) if ro is None else ro
 
 
 def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = None, *,
@@ -115,7 +129,11 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     ``method="anchored"`` (the default for padded input) computes each layer's gates from
     the module's own h_{t−1} of that layer and the LSTM's c by the contracting recurrence
     c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t, so the trace is the module's trajectory even when the
-    model is chaotic. ``method="step"`` (the default for a PackedSequence) re-runs every
+    model is chaotic. Where a family reads every state and gate from the module's own
+    whole-sequence forward (transformers' Mamba-1 and Mamba-2: families/forward_scan.py),
+    the default is ``method="own"``: those values themselves, at about the cost of one
+    forward, no hand cell run (``meta["method"]`` says which; "anchored" forces the hand
+    cell). ``method="step"`` (the default for a PackedSequence) re-runs every
     step on its own outputs; it then checks its top layer against the module's output and
     warns (and records ``meta["free_running_max_abs_diff_h"]``) when it has left the
     module's trajectory by more than 1e-5. See docs/methods.md, "Anchored read-out".
@@ -137,8 +155,8 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     how = resolve_method(method, call)
     check_names(names, fam.names())
     with torch.no_grad(), faithful_matmul(call.inputs.device), as_computed(module):
-        if how == "anchored":
-            ro = fam.read(call, fam.reference(call))
+        if how in ("anchored", "own"):
+            ro = own_or_anchored(fam, call, fam.reference(call), method and how)
             return assemble(fam, call, ro, names, **own_meta(fam, own, ro))
         ro = fam.rerun(call)
         meta = own_meta(fam, own, ro)
@@ -170,9 +188,10 @@ def own_meta(fam: Family, own: OwnCall, ro: Readout) -> dict:
 
 
 def read(fam: Family, call: Call, ref: Reference) -> Trace:
-    """The anchored trace of a checked call on a reference already computed (compute once)."""
+    """The trace of a checked call on a reference already computed (compute once): the
+    module's own values where its family reads them, else anchored (``own_or_anchored``)."""
     with torch.no_grad(), faithful_matmul(call.inputs.device):
-        return assemble(fam, call, fam.read(call, ref))
+        return assemble(fam, call, own_or_anchored(fam, call, ref))
 
 
 def _left_trajectory(fam: TorchRNNFamily, call: Call, ro: Readout) -> float:

@@ -1,0 +1,51 @@
+"""Every per-token state from the module's own whole-sequence forward, at the cost of one
+forward (issue 27: "trace of every per-token state ≤ 1.2× the forward").
+
+A selective scan is linear in its state, s_t = a_t ⊙ s_{t−1} + b_t, with a_t and b_t
+computed from the layer's input alone (Mamba-1's exp(Δ A) and Δ B x, Mamba-2's per-head
+decay). Stepping the module one token at a time through its cache (its decode path) shows
+every state but costs T calls of Python per layer. Instead, the module runs its own
+whole-sequence forward once, with forward hooks on the submodules that compute a_t and b_t
+(the mixer's projections); a_t and b_t are formed from what they returned with the
+package's own operations, in its own layout, and the recurrence is replayed with the
+package's own element-wise operations in its order (one multiply, then one add), so:
+
+- where the package scans sequentially (transformers' Mamba-1 on the CPU) the states are the
+  ones its scan held, bit for bit (tested: its output and its final cache, exactly);
+- where it computes the prompt in parallel or in chunks (mambapy's pscan, Mamba-2's SSD), the
+  per-token states never exist in its computation; the replay is its step path's
+  arithmetic (the recurrence its decode step applies), on the inputs its forward computed,
+  and how far the forward's output lies from the replay's is reported
+  (``step_vs_forward``), as METHODS asks for chunked paths.
+
+>>> a = torch.full((3, 2), 0.5)  # (T, N)
+>>> b = torch.ones(3, 2)
+>>> linear_scan(a, b)[:, 0].tolist()  # s = 1, 1.5, 1.75
+[1.0, 1.5, 1.75]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["linear_scan"]
+
+
+@torch.no_grad()
+def linear_scan(a: Tensor, b: Tensor) -> Tensor:
+    """s_t = a_t ⊙ s_{t−1} + b_t along dim 0 from s_{−1} = 0: (T, ...) each -> (T, ...).
+
+    Each step is one multiply and one add, as the packages compute it (never fused, so
+    every element is rounded exactly as in their loop whatever the memory layout); the
+    first step multiplies the zero state too, so a non-finite a_0 gives what theirs gives.
+    ``a`` and ``b`` are made contiguous along time (their slices are then contiguous,
+    which is what makes the loop fast). A read-out: no gradient flows through it."""
+    a, b = a.contiguous(), b.contiguous()
+    s = torch.empty_like(b)  # (T, ...)
+    torch.mul(a[0], torch.zeros_like(b[0]), out=s[0])
+    s[0].add_(b[0])
+    for t in range(1, a.shape[0]):
+        torch.mul(a[t], s[t - 1], out=s[t])
+        s[t].add_(b[t])
+    return s

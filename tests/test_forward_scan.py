@@ -1,0 +1,133 @@
+"""Every per-token state from the module's own forward (families/forward_scan.py): the states
+read from one whole-sequence forward are the module's own (its scan's output and final cache,
+bit for bit where it scans sequentially), agree with the package's decode path (the
+independent per-token reference), and a replay that is off shows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gatelens.families.forward_scan import linear_scan
+from gatelens.families.official import scaled_diff
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
+from official_models import hf_mamba, hf_mamba2  # noqa: E402
+
+
+def test_linear_scan_is_the_loop():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(7, 3, 5, generator=g), torch.randn(7, 3, 5, generator=g)
+    s, want = linear_scan(a.transpose(0, 1).transpose(0, 1), b), []
+    prev = torch.zeros(3, 5)
+    for t in range(7):
+        prev = a[t] * prev + b[t]
+        want.append(prev)
+    assert torch.equal(s, torch.stack(want))  # bit for bit, whatever the layout
+
+
+def _final_states(fam, call) -> list[torch.Tensor]:
+    """The state transformers' own whole-sequence scan leaves in its cache, per layer."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=fam.module.config)
+    with torch.no_grad():
+        fam.module(inputs_embeds=call.inputs, cache_params=cache, use_cache=True)
+    return [cache.get_recurrent_state(k).reshape(call.batch, -1)
+            for k in range(fam.num_layers)]
+
+
+@pytest.mark.parametrize("mambapy", [False, True])
+def test_mamba_states_from_the_forward_are_the_modules(mambapy):
+    fam, make = hf_mamba(layers=2)
+    for mixer in fam.mixers(fam.module):  # the pscan path computes the prompt in parallel
+        mixer.use_mambapy = mambapy
+    call = make(0)
+    ref = fam.reference(call)
+    with torch.no_grad():
+        own = fam._forward_trajectory(call)
+        decode = fam._trajectory(call)  # the package's one-token path, with its cache
+        out = fam._forward(call)
+    assert torch.equal(ref.output, out)  # the reference's output is the module's forward
+    for k, final in enumerate(_final_states(fam, call)):
+        s = own["parts"][k][1]  # (B, T, Din·N)
+        if mambapy:  # the step path's arithmetic, not the parallel scan's rounding
+            assert 0 < scaled_diff(s[:, -1:], final[:, None])[1] <= 1e-5
+        else:  # the sequential scan's own states, bit for bit
+            assert torch.equal(s[:, -1], final)
+        # against the decode path, state by state (its Δ is formed one token at a time)
+        assert scaled_diff(s, decode["parts"][k][1])[1] <= 1e-5
+        assert torch.equal(own["parts"][k][0], decode["parts"][k][0]) or (
+            scaled_diff(own["parts"][k][0], decode["parts"][k][0])[1] <= 1e-6)
+    abs_gap, scaled_gap = ref.extra["step_vs_forward"]
+    assert (scaled_gap > 0) == mambapy and scaled_gap <= 1e-5
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h <= 1e-5
+
+
+def test_a_replay_that_is_off_is_seen(monkeypatch):
+    """A replay whose keep is off by 1e-3 relative: its states part from the module's own
+    output (step_vs_forward) and the one-step check fails."""
+    import gatelens.families.hf_mamba as hm
+
+    fam, make = hf_mamba(layers=1)
+    call = make(1)
+    monkeypatch.setattr(hm, "linear_scan", lambda a, b: linear_scan(a * (1 + 1e-3), b))
+    ref = fam.reference(call)
+    assert ref.extra["step_vs_forward"][1] > 1e-4
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4
+
+
+def test_mamba2_states_from_the_forward_follow_its_step_path():
+    """Mamba-2's chunked forward holds no per-token state: the replay of its decode step on
+    what the forward computed agrees with the decode path itself state by state, and with
+    the state the chunked scan leaves in its cache; the chunked output against the replay
+    is reported (step_vs_forward), small and not zero."""
+    from transformers import DynamicCache
+
+    fam, make = hf_mamba2(layers=2)
+    call = make(0)
+    ref = fam.reference(call)
+    with torch.no_grad():
+        decode = fam._trajectory(call)
+        cache = DynamicCache(config=fam.module.config)
+        fam.module(inputs_embeds=call.inputs, cache_params=cache, use_cache=True)
+    for k in range(2):
+        s = ref.extra["parts"][k][1]
+        assert scaled_diff(s, decode["parts"][k][1])[1] <= 1e-5
+        final = cache.get_recurrent_state(k).reshape(call.batch, 1, -1)
+        assert scaled_diff(s[:, -1:], final)[1] <= 1e-5
+    assert 0 < ref.extra["step_vs_forward"][1] <= 1e-5
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h <= 1e-5
+
+
+@pytest.mark.parametrize("build", [hf_mamba, hf_mamba2])
+def test_the_default_trace_is_the_modules_own(build):
+    """trace() gives the module's own gates and states (method "own"), at the cost of its
+    forward; "anchored" still runs the hand cell, and agrees with them to rounding."""
+    import gatelens
+
+    fam, make = build(layers=2)
+    ids = make(3).layout["ids"]
+    own = gatelens.trace(fam.module, ids)
+    hand = gatelens.trace(fam.module, ids, method="anchored")
+    assert own.meta["method"] == "own" and hand.meta["method"] == "anchored"
+    assert list(own) == list(hand) == fam.names()
+    for name in own:
+        assert scaled_diff(own[name], hand[name])[1] <= 1e-5, name
+    ref = fam.reference(fam.check(ids))
+    assert torch.equal(own["layer1.s"], ref.states["layer1.s"])  # its own, not a copy of ours
+    with pytest.raises(ValueError, match="method='own'"):
+        gatelens.trace(torch.nn.LSTM(2, 3), torch.randn(1, 4, 2), method="own")
+
+
+@pytest.mark.parametrize("build", [hf_mamba, hf_mamba2])
+def test_the_free_running_rerun_by_layer_is_the_step_by_step_one(build):
+    fam, make = build(layers=2)
+    call = make(4)
+    with torch.no_grad():
+        by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
+    for name, v in by_step.signals.items():
+        assert scaled_diff(by_layer.signals[name], v)[1] <= 1e-6, name
