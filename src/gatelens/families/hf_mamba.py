@@ -349,10 +349,14 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor
     time_step = mix.dt_proj.weight @ ts.transpose(1, 2)  # (B, Din, T), as the mixer forms it
     dt = F.softplus(time_step + mix.dt_proj.bias.float()[..., None])
     A = -torch.exp(mix.A_log.float())  # (Din, N)
+    # exp in the mixer's own layout (its kernel rounds a tensor's last few elements by
+    # another path), then time-major, the layout the recurrence walks
     dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (B, Din, T, N)
-    dBu = (dt[:, :, :, None] * Bm[:, None, :, :].float()) * xh.transpose(1, 2)[..., None].float()
-    a = dA.permute(2, 0, 1, 3)  # (T, B, Din, N)
-    s = linear_scan(a, dBu.permute(2, 0, 1, 3)).transpose(0, 1)  # (B, T, Din, N)
+    a = dA.permute(2, 0, 1, 3).contiguous()  # (T, B, Din, N)
+    dt_t = dt.permute(2, 0, 1)  # (T, B, Din); products are exact whatever the layout
+    b = (dt_t[..., None] * Bm.transpose(0, 1)[:, :, None, :].float()) * xh.transpose(0, 1)[
+        ..., None].float()  # (T, B, Din, N)
+    s = linear_scan(a, b).transpose(0, 1)  # (B, T, Din, N)
     y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D  # (B, T, Din)
-    sig = {"delta": dt.transpose(1, 2), "a": a.transpose(0, 1).reshape(Bn, T, -1)}
-    return sig, s.reshape(Bn, T, -1), y * F.silu(z)
+    sig = {"delta": dt.transpose(1, 2), "a": a.transpose(0, 1).flatten(2)}
+    return sig, s.flatten(2), y * F.silu(z)
