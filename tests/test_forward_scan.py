@@ -131,3 +131,23 @@ def test_the_free_running_rerun_by_layer_is_the_step_by_step_one(build):
         by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
     for name, v in by_step.signals.items():
         assert scaled_diff(by_layer.signals[name], v)[1] <= 1e-6, name
+
+
+@pytest.mark.parametrize("build", [hf_mamba, hf_mamba2])
+def test_open_cells_reads_the_users_own_forward(build):
+    """open_cells records the mixers' projections during the user's own forward and reads
+    every state from it (no second run): the same values trace() gives, call after call."""
+    import gatelens
+
+    fam, make = build(layers=2)
+    ids = [make(5).layout["ids"], make(6).layout["ids"]]
+    with torch.no_grad(), gatelens.open_cells(fam.module) as cache:
+        for i in ids:
+            fam.module(input_ids=i)
+    assert len(cache.traces[""]) == 2
+    for n, i in enumerate(ids):
+        tr = gatelens.trace(fam.module, i)
+        got = cache.traces[""][n]
+        assert got.meta["method"] == "own"
+        for name in tr:
+            assert torch.equal(got[name], tr[name]), name

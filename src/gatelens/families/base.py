@@ -245,6 +245,17 @@ class Family(abc.ABC):
     def read(self, call: Call, ref: Reference) -> Readout:
         """The anchored read-out: every signal of the trajectory the module took."""
 
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Submodules whose calls during the module's own whole-sequence forward give its
+        whole reference (``reference_recorded``), so ``open_cells`` reads the user's own
+        forward instead of running the module again; None (the default) where it cannot."""
+        return None
+
+    def reference_recorded(self, call: Call, rec: Any, returned: Any) -> Reference:
+        """``reference`` of a call the module already ran with ``scan_modules`` recorded by
+        ``rec`` (families/official.py's Recorder); ``returned``: what it returned."""
+        return self.reference(call)
+
     def read_own(self, call: Call, ref: Reference) -> Readout | None:
         """Every signal as the module itself computed it, where the reference holds them all
         (a family whose states and gates are read from the module's own forward); None

@@ -257,30 +257,32 @@ class HFMambaFamily(MambaCell):
         return hf_check(self, inputs, state)
 
     def _forward(self, call: Call) -> Tensor:
-        return self.own_output(call).last_hidden_state
+        return self._output_of(self.own_output(call))
 
     def own_output(self, call: Call) -> Any:
         """What the module returns for the call (a ModelOutput), its cache off."""
         return self.module(inputs_embeds=call.inputs, use_cache=False)
 
-    def _forward_trajectory(self, call: Call) -> dict | None:
-        """Every state from one whole-sequence forward (families/forward_scan.py): hooks on
-        each mixer's in_proj, x_proj and out_proj, the scan replayed on what they caught.
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Each block, its mixer and the mixer's in_proj, x_proj and out_proj, whose calls
+        in one whole-sequence forward give every state (families/forward_scan.py).
         transformers' ``MambaMixer`` only (a subclass's mixer computes Δ, B, C its own way)."""
-        mixers = self.mixers(self.module)
         if any(type(mix).__module__ != _HF or type(mix).__name__ != "MambaMixer"
-               for mix in mixers):
+               for mix in self.mixers(self.module)):
             return None
-        L = self.num_layers
         mods: dict[str, nn.Module] = {}
         for k, block in enumerate(self.module.layers):
             mods.update({f"block{k}": block, f"mixer{k}": block.mixer,
                          f"in{k}": block.mixer.in_proj, f"xp{k}": block.mixer.x_proj,
                          f"out{k}": block.mixer.out_proj})
-        with Recorder(mods) as rec:
-            output = self._forward(call)
+        return mods
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        """The scan replayed on what each mixer's in_proj and x_proj returned (mamba1_scan),
+        its output before out_proj against the module's own (``step_vs_forward``)."""
+        L = self.num_layers
         parts, own, gap = [], [], (0.0, 0.0)
-        for k, mix in enumerate(mixers):
+        for k, mix in enumerate(self.mixers(self.module)):
             proj = rec.stacked(f"in{k}", outputs=True)  # (B, T, 2·Din): x, then the gate z
             x, z = proj.chunk(2, dim=-1)
             sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"),
@@ -295,6 +297,9 @@ class HFMambaFamily(MambaCell):
                 "xo": [rec.stacked(f"block{k}", outputs=True) for k in range(L)],
                 "parts": parts, "aux": [None] * L, "output": output, "own": own,
                 "step_vs_forward": gap}
+
+    def _output_of(self, returned: Any) -> Tensor:
+        return returned.last_hidden_state
 
     def _trajectory(self, call: Call) -> dict:
         from transformers import DynamicCache

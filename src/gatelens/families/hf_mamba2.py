@@ -114,26 +114,28 @@ class HFMamba2Family(HFMambaFamily):
         mix = self.mixers(m)[k]
         return mamba2_scan(mix, mix.in_proj(u))
 
-    def _forward_trajectory(self, call):
-        """Every state from one whole-sequence forward (families/forward_scan.py): hooks on
-        each mixer's in_proj and gated norm; the package's own convolution on what in_proj
-        returned, and its decode step's recurrence replayed on it. The chunked scan of the
-        forward holds no per-token state; its output against the replay's is
-        ``step_vs_forward``."""
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Each block, its mixer and the mixer's in_proj and gated norm (transformers'
+        ``Mamba2Mixer`` only), whose calls in one whole-sequence forward give every state."""
         from transformers.models.mamba2 import modeling_mamba2 as hf
 
-        mixers = self.mixers(self.module)
-        if any(type(mix) is not hf.Mamba2Mixer for mix in mixers):
+        if any(type(mix) is not hf.Mamba2Mixer for mix in self.mixers(self.module)):
             return None
-        L = self.num_layers
         mods: dict[str, nn.Module] = {}
         for k, block in enumerate(self.module.layers):
             mods.update({f"block{k}": block, f"mixer{k}": block.mixer,
                          f"in{k}": block.mixer.in_proj, f"norm{k}": block.mixer.norm})
-        with Recorder(mods) as rec:
-            output = self._forward(call)
+        return mods
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        """The package's own convolution on what in_proj returned, and its decode step's
+        recurrence replayed on it (mamba2_replay). The chunked scan of the forward holds no
+        per-token state; its output against the replay's is ``step_vs_forward``."""
+        from transformers.models.mamba2 import modeling_mamba2 as hf
+
+        L = self.num_layers
         parts, own, gap = [], [], (0.0, 0.0)
-        for k, mix in enumerate(mixers):
+        for k, mix in enumerate(self.mixers(self.module)):
             zxbcdt = rec.stacked(f"in{k}", outputs=True)  # (B, T, inner + conv_dim + heads)
             _, xbc, _ = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)
             xc = hf.causal_conv1d_fn(xbc.transpose(1, 2), mix.conv1d.weight.squeeze(1),

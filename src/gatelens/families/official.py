@@ -83,6 +83,14 @@ class Recorder:
             self.outputs[name].append(res.detach().clone())
         return hook
 
+    def once(self) -> bool:
+        """Whether every module was called exactly once since the last ``clear``."""
+        return all(len(v) == 1 for v in self.inputs.values())
+
+    def clear(self) -> None:
+        for v in (*self.inputs.values(), *self.outputs.values()):
+            v.clear()
+
     def stacked(self, name: str, outputs: bool = False) -> Tensor:
         """The calls' tensors of ``name`` joined along time, (B, T, ·)."""
         seq = (self.outputs if outputs else self.inputs)[name]
@@ -139,8 +147,27 @@ class OfficialFamily(Family, abc.ABC):
         """The same dict as ``_trajectory``, its states read from ONE whole-sequence forward
         (families/forward_scan.py), with "step_vs_forward": (abs, scaled) of the module's
         own output of the scan against the replayed step path; None where the family reads
-        its states from the decode path (the default)."""
+        its states from the decode path (the default: no ``scan_modules``)."""
+        mods = self.scan_modules()
+        if mods is None:
+            return None
+        with Recorder(mods) as rec:
+            output = self._forward(call)
+        return self.trajectory_recorded(rec, output)
+
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """The submodules whose first argument and output, recorded during one
+        whole-sequence forward, give the whole trajectory (``trajectory_recorded``); None
+        where the family reads its states from the decode path."""
         return None
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        """``_forward_trajectory``'s dict from a forward recorded on ``scan_modules``."""
+        raise GatelensError(f"{self.name}: its states are read from the decode path")
+
+    def _output_of(self, returned: Any) -> Tensor:
+        """The tensor ``_forward`` gives, from what the module returned."""
+        return returned[0] if isinstance(returned, (tuple, list)) else returned
 
     @abc.abstractmethod
     def _trajectory(self, call: Call) -> dict:
@@ -212,10 +239,19 @@ class OfficialFamily(Family, abc.ABC):
                     output = self._forward(call)
                     tr = self._trajectory(call)
                     tr["step_vs_forward"] = scaled_diff(tr["output"], output)
-                else:  # the states read from the forward itself
-                    output = tr["output"]
         finally:
             self.module.train(was)
+        return self._reference_of(call, tr)
+
+    def reference_recorded(self, call: Call, rec: Recorder, returned: Any) -> Reference:
+        """The reference of a call the module already ran with ``scan_modules`` recorded
+        (``open_cells`` reads the user's own forward: no second run). ``returned``: what the
+        module returned."""
+        with torch.no_grad():
+            return self._reference_of(call, self.trajectory_recorded(
+                rec, self._output_of(returned)))
+
+    def _reference_of(self, call: Call, tr: dict) -> Reference:
         L, B = self.num_layers, call.batch
         states, inputs, initial = {}, {}, {}
         for k in range(L):
@@ -227,7 +263,7 @@ class OfficialFamily(Family, abc.ABC):
         extra = {"x": tr["x"], "xo": tr["xo"], "parts": tr["parts"], "aux": tr["aux"],
                  "step_output": tr["output"], "step_vs_forward": tr["step_vs_forward"],
                  "own": tr.get("own")}
-        return Reference(states=states, inputs=inputs, initial=initial, output=output,
+        return Reference(states=states, inputs=inputs, initial=initial, output=tr["output"],
                          final=None, extra=extra)
 
     def _previous(self, k: int, ref: Reference) -> list[Tensor]:

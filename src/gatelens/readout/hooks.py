@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
+from gatelens.families.official import Recorder
 from gatelens.families.registry import family_of
 from gatelens.families.stepped import recorded_output_diff
 from gatelens.readout.own_call import mark
@@ -140,6 +141,12 @@ def in_family_call() -> bool:
     return _QUIET[0] > 0
 
 
+def module_training(fam: Family) -> bool:
+    """A module in training mode: its recorded forward may differ from the eval-mode
+    reference (dropout, a fused training path), so the reference runs it again."""
+    return fam.module.training
+
+
 def only(tr: Trace, names: Sequence[str] | None) -> Trace:
     """``tr`` holding only the trace names ``names`` keeps (None: all)."""
     if names is None:
@@ -183,10 +190,28 @@ def open_cells(model: nn.Module, layers: Selection = None,
             raise GatelensError(f"names: {unknown[0]!r} is no trace name of the modules read "
                                 f"(they have {', '.join(dict.fromkeys(known))})")
 
+    # a family whose reference is read from the module's own forward records the user's
+    # forward itself (its scan_modules), so the module is not run a second time
+    recorders = {path: Recorder(mods) for path, _, fam in opened
+                 if path in keep and (mods := fam.scan_modules()) is not None}
+
+    def reference(path: str, fam: Family, call, output: Any):
+        rec = recorders.get(path)
+        if rec is not None and rec.once() and not module_training(fam):
+            return fam.reference_recorded(call, rec, output)
+        return fam.reference(call)
+
     def make_hook(path: str, fam: Family):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             # always called, also when the forward raised (output None): the count stays true
             running.leave(path)
+            try:
+                read_call(module, args, kwargs, output)
+            finally:  # what the user's forward recorded is read once, or dropped
+                if path in recorders and not running.busy:
+                    recorders[path].clear()
+
+        def read_call(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if output is None or running.busy or running.inside_opened(path) or \
                     path not in keep or _QUIET[0]:
                 return
@@ -198,8 +223,8 @@ def open_cells(model: nn.Module, layers: Selection = None,
             with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device), \
                     family_calls():
                 packed = call.layout.get("packed") is not None
-                ro = fam.rerun(call) if packed else own_or_anchored(fam, call,
-                                                                    fam.reference(call))
+                ro = fam.rerun(call) if packed else own_or_anchored(
+                    fam, call, reference(path, fam, call, output))
                 diff = fam.output_diff(ro, output)
             cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro), names))
             if diff is not None:
@@ -208,6 +233,8 @@ def open_cells(model: nn.Module, layers: Selection = None,
         return hook
 
     try:
+        for rec in recorders.values():
+            rec.__enter__()
         for path, module, fam in opened:
             handles.append(module.register_forward_pre_hook(
                 mark(lambda *_, p=path: running.enter(p))))
@@ -229,3 +256,5 @@ def open_cells(model: nn.Module, layers: Selection = None,
     finally:
         for h in handles:
             h.remove()
+        for rec in recorders.values():
+            rec.__exit__()
