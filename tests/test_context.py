@@ -137,3 +137,40 @@ def test_the_logits_bound_chunks_and_changes_nothing(monkeypatch: pytest.MonkeyP
     assert all(n * d <= 3 or n == 1 for n, d in seen[1:])  # then ≤ 3 positions, or 1 sequence
     assert len(seen) > 1 + len(context_lengths(T))  # so it did chunk
     assert bounded.result().excess_loss == free.result().excess_loss
+
+
+def test_a_causal_lm_runs_its_head_on_the_last_position_only(monkeypatch) -> None:
+    """A transformers causal LM's truncated runs compute their head on the one position the
+    measure reads (``logits_to_keep``): the same curve as the whole runs' last positions."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.utils import logging
+
+    from gatelens.lens.logits import last_logits_of
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=13, hidden_size=8, state_size=2, num_hidden_layers=2, expand=2,
+        conv_kernel=2, time_step_rank=2, use_cache=False)).eval()
+    ids = torch.randint(0, 13, (2, 20), generator=torch.Generator().manual_seed(1))
+
+    def whole(i):
+        return model(i, use_cache=False).logits
+
+    last, calls = last_logits_of(model, 13), []
+    assert last is not None and last_logits_of(nn.LSTM(2, 3), 13) is None
+
+    def counted(i):
+        calls.append(tuple(i.shape))
+        return last(i)
+
+    ref = context_used(whole, ids)
+    acc = ContextAccumulator(whole, 20, last_logits_of=counted)
+    acc.update(ids)
+    got = acc.result()
+    assert calls and got.lengths == ref.lengths and got.positions == ref.positions
+    assert all(abs(a - b) <= 1e-6 for a, b in zip(got.excess_loss, ref.excess_loss, strict=True))
+    # a model whose output holds no such logits falls back to the whole runs' last position
+    acc = ContextAccumulator(whole, 20, last_logits_of=lambda i: None)
+    acc.update(ids)
+    assert acc.result().excess_loss == ref.excess_loss

@@ -113,13 +113,17 @@ class ContextAccumulator:
     """
 
     def __init__(self, logits_of: LogitsOf, length: int, lengths: Sequence[int] | None = None,
-                 max_chars: int = MAX_CHARS) -> None:
+                 max_chars: int = MAX_CHARS,
+                 last_logits_of: Callable[[Tensor], Tensor | None] | None = None) -> None:
         self.lengths = list(lengths) if lengths is not None else context_lengths(length)
         bad = [d for d in self.lengths if not isinstance(d, int) or not 1 <= d <= length - 2]
         if not self.lengths or bad:
             raise GatelensError(f"context lengths must be ints in [1, T − 2 = {length - 2}]; "
                                 f"got {self.lengths}")
         self.logits_of, self.length, self.max_chars = logits_of, length, max_chars
+        #: ids (N, d) -> logits at the last position (N, V): a truncated run needs no other
+        #: (a model whose head can skip positions); None, or None returned: logits_of's last
+        self.last_logits_of = last_logits_of
         self.sums = [0.0] * len(self.lengths)
         self.counts = [0] * len(self.lengths)
 
@@ -139,11 +143,21 @@ class ContextAccumulator:
             targets = ids[:, d + 1 :]  # x_{t+1} for t = d … T − 2, (B, T − d − 1)
             flat, tflat = seqs.reshape(-1, d), targets.reshape(-1)
             per = max(1, chars // d)
-            cut = torch.cat([_losses(_logits(self.logits_of, flat[a : a + per])[:, -1],
-                                     tflat[a : a + per]) for a in range(0, flat.shape[0], per)])
+            cut = torch.cat([_losses(self._last(flat[a : a + per]), tflat[a : a + per])
+                             for a in range(0, flat.shape[0], per)])
             excess = cut - full[:, d:].reshape(-1)
             self.sums[i] += float(excess.sum())
             self.counts[i] += int(excess.numel())
+
+    def _last(self, ids: Tensor) -> Tensor:
+        """The logits at the last position of each truncated run (N, V)."""
+        if self.last_logits_of is not None:
+            with torch.no_grad():
+                last = self.last_logits_of(ids)
+            if isinstance(last, Tensor) and tuple(last.shape[:1]) == (ids.shape[0],):
+                return last
+            self.last_logits_of = None  # the model did not give them: the whole run's
+        return _logits(self.logits_of, ids)[:, -1]
 
     def result(self) -> ContextUsed:
         if not any(self.counts):

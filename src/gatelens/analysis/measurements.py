@@ -171,7 +171,9 @@ class Context(Accumulator):
         if chunk.memory and chunk.reach_note is None:
             if self.acc is None:
                 runner = self.setup.runner
-                self.acc = ContextAccumulator(lambda i: runner(i).logits, self.setup.length)
+                self.acc = ContextAccumulator(lambda i: runner(i).logits, self.setup.length,
+                                              last_logits_of=getattr(runner, "last_logits",
+                                                                     None))
             self.acc.update(chunk.windows[: chunk.memory])
 
     def result(self, found: dict) -> dict:

@@ -34,7 +34,7 @@ from gatelens.families.registry import family_of
 from gatelens.families.torch_ops import as_computed
 from gatelens.families.unopened import nothing_opened
 from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
-from gatelens.lens.logits import candidates, find_logits, recurrent_outputs
+from gatelens.lens.logits import find_logits, last_logits_of, output_logits, recurrent_outputs
 from gatelens.lens.run import Run
 from gatelens.lens.tokens import (
     check_tokenizer,
@@ -56,22 +56,6 @@ if TYPE_CHECKING:
     from gatelens.interventions.run import RunResult
 
 __all__ = ["Lens", "LensResult", "output_logits"]
-
-
-def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
-    """The logits of a model's output (lens/logits.py ``find_logits``): a dict's or an HF
-    ModelOutput's ``logits``, else the Tensor or a tuple's tensor shaped (B, T, V) against
-    ``vocab`` (None: any V), probabilities as their logarithms; None when it cannot tell.
-
-    >>> output_logits((torch.ones(1, 2, 3), None)).shape
-    torch.Size([1, 2, 3])
-    >>> output_logits((torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)), vocab=3).shape
-    torch.Size([1, 2, 3])
-    """
-    first = next((t for _, t in candidates(output) if t.ndim == 3), None)
-    if first is None:
-        return None
-    return find_logits(output, int(first.shape[0]), int(first.shape[1]), vocab).logits
 
 
 @dataclass
@@ -295,7 +279,11 @@ class Lens:
             return found.logits
 
         run.logit_notes = []  # type: ignore[attr-defined]  # read by Lens.measure
+        # the context used's truncated runs need only the last position's logits
+        run.last_logits = None if self.encode is not None else last_logits_of(  # type: ignore[attr-defined]
+            model, self._vocab_size())
         return run
+
 
     def _vocab_size(self) -> int | None:
         """V the logits must have: the vocabulary's size (None: not known, any V)."""

@@ -27,7 +27,8 @@ them in many ways; ``find_logits`` takes them only where they are logits:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,3 +135,50 @@ def recurrent_outputs(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
     finally:
         for h in handles:
             h.remove()
+
+
+def last_logits_of(model: nn.Module, vocab: int | None) -> Callable[[Tensor], Tensor | None] | None:
+    """ids (N, d) -> the logits at the last position only (N, V), where the model can skip
+    the others: a transformers causal LM computes its head only on the positions its
+    ``logits_to_keep`` keeps. The context used needs one position of each truncated run, and
+    a 50k-token head costs more than a few recurrent layers. None where the model cannot;
+    the function returns None where its output holds no such logits."""
+    try:
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes or not hasattr(model, "config"):
+        return None
+
+    def last(ids: Tensor) -> Tensor | None:
+        flags = {m: m.training for m in model.modules()}
+        try:
+            model.eval()
+            with torch.no_grad():
+                out = model(ids, use_cache=False, logits_to_keep=1)
+        finally:
+            for m, flag in flags.items():
+                m.training = flag
+        logits = getattr(out, "logits", None)
+        if (not isinstance(logits, Tensor) or logits.ndim != 3
+                or tuple(logits.shape[:2]) != (ids.shape[0], 1)
+                or (vocab is not None and logits.shape[-1] != vocab)):
+            return None
+        return logits[:, -1]
+    return last
+
+
+def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
+    """The logits of a model's output (lens/logits.py ``find_logits``): a dict's or an HF
+    ModelOutput's ``logits``, else the Tensor or a tuple's tensor shaped (B, T, V) against
+    ``vocab`` (None: any V), probabilities as their logarithms; None when it cannot tell.
+
+    >>> output_logits((torch.ones(1, 2, 3), None)).shape
+    torch.Size([1, 2, 3])
+    >>> output_logits((torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)), vocab=3).shape
+    torch.Size([1, 2, 3])
+    """
+    first = next((t for _, t in candidates(output) if t.ndim == 3), None)
+    if first is None:
+        return None
+    return find_logits(output, int(first.shape[0]), int(first.shape[1]), vocab).logits
