@@ -5,8 +5,10 @@ Each model runs in a fresh process (its peak resident memory, ru_maxrss, is its 
 built from its config with random weights (transformers' own initialisation; the LSTM is
 PyTorch's), float32 on the CPU, W windows of T random tokens. Timed in that process: the
 model's forward on the windows (after one warm-up call), the same forward under
-``open_cells`` (every per-token state of every layer), and ``Lens.measure`` of the windows
-with the default settings (exponents "auto": the spectrum's cost rule), stage by stage.
+``open_cells`` (every per-token state of every layer), ``gatelens.trace`` and
+``gatelens.verify`` of the recurrent module on what it received, and ``Lens.measure`` of the
+windows with the default settings (exponents "auto": the spectrum's cost rule), stage by
+stage.
 
     python benchmarks/bench_real_size.py [--only mamba] [--layers 24] [--windows 8]
         [--length 128] [--timeout 1800]
@@ -92,6 +94,14 @@ def child(name: str, layers: int | None, windows: int, length: int) -> None:
         traced = time.perf_counter() - t0
     lens = gatelens.Lens(model, vocab=V)
     (path,) = list(lens.families)[:1]
+    module = lens.families[path].module
+    seen = lens.runner(path)(ids)  # what the recurrent module itself received
+    t0 = time.perf_counter()
+    gatelens.trace(module, seen.inputs, seen.state)
+    trace_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gatelens.verify(module, seen.inputs, seen.state)
+    verify_s = time.perf_counter() - t0
     clock: dict[str, float] = {}
     t0 = time.perf_counter()
     a = lens.measure(path, ids, [f"<{i}>" for i in range(V)], perturb_pos=min(32, length // 4),
@@ -100,7 +110,8 @@ def child(name: str, layers: int | None, windows: int, length: int) -> None:
     ly = a.lyapunov
     print(json.dumps({
         "model": name, "config": words, "windows": windows, "length": length,
-        "forward_s": forward, "open_cells_x": traced / forward, "analysis_s": total,
+        "forward_s": forward, "open_cells_x": traced / forward, "trace_x": trace_s / forward,
+        "verify_x": verify_s / forward, "analysis_s": total,
         "analysis_x": total / forward,
         "stages_x": {k: v / forward for k, v in clock.items() if v},
         "spectrum": None if ly is None else {"k": ly.k, "windows": ly.windows,
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         r = json.loads(done.stdout.strip().splitlines()[-1])
         stages = ", ".join(f"{k} {v:.1f}x" for k, v in r["stages_x"].items())
         print(f"{r['config']}: forward {r['forward_s']:.2f} s; open_cells {r['open_cells_x']:.1f}x;"
+              f" trace {r['trace_x']:.1f}x; verify {r['verify_x']:.1f}x;"
               f" analysis {r['analysis_s']:.0f} s = {r['analysis_x']:.0f}x ({stages}); "
               f"spectrum {r['spectrum']}; verification {r['verification']}; "
               f"peak {r['peak_gb']:.2f} GB", flush=True)
