@@ -203,9 +203,9 @@ class StartFrames:
 
 def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
     """v ↦ J_t v for a frame (B, S, k), by forward-mode JVPs at the state ``prev``."""
-    # Not views of the trajectory: forward AD on a view gives the whole base a tangent,
-    # so a slice of a (B, T, S) trajectory would carry k tangents of the whole trajectory.
-    prev = tuple(p.clone() for p in prev)
+    # ``prev`` holds tensors of their own (Dynamics.previous), not views of the trajectory:
+    # forward AD on a view gives the whole base a tangent.
+    prev = tuple(prev)
     sizes = [p.shape[-1] for p in prev]
 
     def f(*s: Tensor) -> tuple[Tensor, ...]:
