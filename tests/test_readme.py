@@ -62,7 +62,8 @@ COVERED = {"load_file(\"RUN/model.safetensors\")": "test_checkpoint_example",
            "gatelens.open_onnx(": "test_onnx_and_keras_example",
            "gatelens.open_cells(model)": "test_cell_loop_example",
            "lens.run(ids, edits=[": "test_interventions_example",
-           "gatelens.patch_sweep(": "test_patching_example"}
+           "gatelens.patch_sweep(": "test_patching_example",
+           "gatelens.load_hf(\"my_mamba\")": "test_token_example"}
 
 
 def test_every_readme_example_is_run_by_a_test():
@@ -161,6 +162,35 @@ def test_lens_example_reads_the_file_it_names(monkeypatch, tmp_path):
     assert a.reach.half_life == rep["output_reach"]["half_life"] > 0
     assert rep["text"]["windows"] == 32 and "my_text.txt" in rep["text"]["source"]
     assert Path("lens_out/lstm/report.json").is_file() and Path("lens_out/index.html").is_file()
+
+
+def test_token_example(monkeypatch, tmp_path):
+    """The README's token example on a local directory made as a user's would be: a small
+    transformers Mamba saved with save_pretrained beside a BPE tokenizer trained here."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    monkeypatch.chdir(tmp_path)
+    text = "the cat sat on the mat and then the dog ran off to the park\n" * 60
+    Path("my_text.txt").write_text(text, encoding="utf-8")
+    bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    bpe.train_from_iterator([text], trainers.BpeTrainer(vocab_size=40, special_tokens=["[UNK]"]))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="[UNK]")
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=len(tok), hidden_size=16, state_size=4, num_hidden_layers=2, expand=2,
+        conv_kernel=3, time_step_rank=2)).save_pretrained("my_mamba")
+    tok.save_pretrained("my_mamba")
+    ns: dict = {}
+    exec(find("gatelens.load_hf(\"my_mamba\")"), ns)
+    rep = ns["result"].reports["backbone"]
+    assert rep["model"]["unit"] == "tokens" and ns["a"].verification.passed is True
+    assert ns["a"].perturbation.half_life_measured == rep["perturbation"]["half_life_measured"]
+    assert rep["text"]["windows"] == 8 and Path("mamba_out/backbone/report.json").is_file()
+    md = Path("mamba_out/backbone/report.md").read_text(encoding="utf-8")
+    assert "tokens" in md and "in characters" not in md
 
 
 def _keras2_hard_sigmoid_h5(path: Path, units: int = 4, features: int = 3) -> None:
