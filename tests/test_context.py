@@ -115,8 +115,8 @@ def test_lengths_and_bad_input() -> None:
 
 def test_the_logits_bound_chunks_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 50k-token vocabulary's logits are bounded by MAX_LOGITS, not only by max_chars:
-    with the bound set to 3 vocabularies' worth, no call past the first (the whole windows)
-    sees more than 3 positions, and the result equals the unbounded one to the last bit."""
+    with the bound set to 4 vocabularies' worth, no call past the first (the whole windows)
+    sees more than 4 positions, and the result equals the unbounded one to the last bit."""
     import gatelens.analysis.context as ctx
 
     V, T = 5, 16
@@ -130,22 +130,48 @@ def test_the_logits_bound_chunks_and_changes_nothing(monkeypatch: pytest.MonkeyP
         seen.append(tuple(i.shape))
         return model(i)
 
-    monkeypatch.setattr(ctx, "MAX_LOGITS", 3 * V)
+    monkeypatch.setattr(ctx, "MAX_LOGITS", 4 * V)
     bounded = ContextAccumulator(logged, T)
     bounded.update(ids)
     assert seen[0] == (2, T)  # the whole windows, once
-    assert all(n * d <= 3 or n == 1 for n, d in seen[1:])  # then ≤ 3 positions, or 1 sequence
+    assert all(n * d <= 4 or n == 1 for n, d in seen[1:])  # then ≤ 4 positions, or 1 run
     assert len(seen) > 1 + len(context_lengths(T))  # so it did chunk
     assert bounded.result().excess_loss == free.result().excess_loss
 
 
-def test_a_causal_lm_runs_its_head_on_the_last_position_only(monkeypatch) -> None:
-    """A transformers causal LM's truncated runs compute their head on the one position the
-    measure reads (``logits_to_keep``): the same curve as the whole runs' last positions."""
+def test_each_start_is_run_once_to_its_longest_context() -> None:
+    """The runs: one per start s, as long as the longest context it begins; a model that pads
+    (pad_to) is given at most MAX_PADDED padded units a call."""
+    import gatelens.analysis.context as ctx
+
+    V, T = 5, 20
+    model = Memoryless(V).double()
+    ids = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(2))
+    runs: list[tuple[int, int]] = []
+
+    def logged(i: torch.Tensor) -> torch.Tensor:
+        runs.append(tuple(i.shape))
+        return model(i)
+
+    acc = ContextAccumulator(logged, T)  # d = 1, 2, 4, 8
+    acc.update(ids)
+    starts = {d: n for n, d in runs[1:]}
+    # s = 1 … T − 9 run 8 units; then 4 (s up to T − 5), 2, 1
+    assert starts == {8: T - 9, 4: 4, 2: 2, 1: 1} and sum(starts.values()) == T - 2
+    padded = ContextAccumulator(logged, T, pad_to=16)
+    runs.clear()
+    padded.update(ids)
+    assert padded.result().excess_loss == acc.result().excess_loss
+    assert all(n * 16 <= ctx.MAX_PADDED for n, d in runs[1:])
+
+
+def test_a_causal_lm_runs_its_head_on_the_positions_read_only() -> None:
+    """A transformers causal LM's truncated runs compute their head on the positions the
+    measure reads (``logits_to_keep``): the same curve as reading them off whole runs."""
     transformers = pytest.importorskip("transformers")
     from transformers.utils import logging
 
-    from gatelens.lens.logits import last_logits_of
+    from gatelens.lens.logits import logits_at_of, pads_to
 
     logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -157,20 +183,24 @@ def test_a_causal_lm_runs_its_head_on_the_last_position_only(monkeypatch) -> Non
     def whole(i):
         return model(i, use_cache=False).logits
 
-    last, calls = last_logits_of(model, 13), []
-    assert last is not None and last_logits_of(nn.LSTM(2, 3), 13) is None
+    at, calls = logits_at_of(model, 13), []
+    assert at is not None and logits_at_of(nn.LSTM(2, 3), 13) is None
+    assert pads_to(model) is None and pads_to(transformers.Mamba2ForCausalLM(
+        transformers.Mamba2Config(vocab_size=13, hidden_size=8, state_size=2, num_heads=2,
+                                  head_dim=8, num_hidden_layers=1, chunk_size=16))) == 16
 
-    def counted(i):
-        calls.append(tuple(i.shape))
-        return last(i)
+    def counted(i, positions):
+        calls.append(len(positions))
+        return at(i, positions)
 
     ref = context_used(whole, ids)
-    acc = ContextAccumulator(whole, 20, last_logits_of=counted)
+    acc = ContextAccumulator(whole, 20, logits_at=counted)
     acc.update(ids)
     got = acc.result()
-    assert calls and got.lengths == ref.lengths and got.positions == ref.positions
+    assert calls and max(calls) == len(ref.lengths)
+    assert got.lengths == ref.lengths and got.positions == ref.positions
     assert all(abs(a - b) <= 1e-6 for a, b in zip(got.excess_loss, ref.excess_loss, strict=True))
-    # a model whose output holds no such logits falls back to the whole runs' last position
-    acc = ContextAccumulator(whole, 20, last_logits_of=lambda i: None)
+    # a model whose output holds no such logits falls back to the whole runs' positions
+    acc = ContextAccumulator(whole, 20, logits_at=lambda i, p: None)
     acc.update(ids)
     assert acc.result().excess_loss == ref.excess_loss

@@ -8,8 +8,12 @@ position 0; the mean over positions and windows is the excess loss at d, for d =
 (None: more than the largest d). Losses are cross-entropies in nats, float64.
 
 ``logits_of(ids (N, d)) -> (N, d, V)`` runs the whole model (embedding or one-hot, the
-recurrent module, the head) from its default state. Every truncated sequence of one d is
-run at once, in chunks of at most ``max_chars`` characters and ``MAX_LOGITS`` logits.
+recurrent module, the head) from its default state. The contexts of one start share a run:
+each start s is run once, to the longest context it begins (every d ≤ it is read at its
+position d − 1), the runs of one length together, in calls of at most ``max_chars``
+characters and ``MAX_LOGITS`` logits (``MAX_PADDED`` padded ones for a model that pads
+each run to a chunk). A model whose head can skip positions gives only those read
+(``logits_at``).
 
 >>> import torch
 >>> V = 5
@@ -31,9 +35,14 @@ from torch import Tensor
 from gatelens.errors import GatelensError
 
 LogitsOf = Callable[[Tensor], Tensor]
+LogitsAt = Callable[[Tensor, list[int]], Tensor | None]
 THRESHOLD = 0.01  # nats: "the prediction no longer needs more context"
 MAX_CHARS = 1 << 18  # characters per call of logits_of (bounds the logits' memory)
 MAX_LOGITS = 1 << 25  # logits per call: with a 50k-token vocabulary, ~670 tokens (128 MB)
+#: padded units per call of a model that pads each run to its chunk (transformers' Mamba-2
+#: pads to 256: one unit then costs ~150 kB at mamba2-130m's width; 256 one-unit runs took
+#: 10.5 GB in one call)
+MAX_PADDED = 1 << 12
 
 
 def context_lengths(length: int) -> list[int]:
@@ -113,51 +122,83 @@ class ContextAccumulator:
     """
 
     def __init__(self, logits_of: LogitsOf, length: int, lengths: Sequence[int] | None = None,
-                 max_chars: int = MAX_CHARS,
-                 last_logits_of: Callable[[Tensor], Tensor | None] | None = None) -> None:
+                 max_chars: int = MAX_CHARS, logits_at: LogitsAt | None = None,
+                 pad_to: int | None = None) -> None:
         self.lengths = list(lengths) if lengths is not None else context_lengths(length)
         bad = [d for d in self.lengths if not isinstance(d, int) or not 1 <= d <= length - 2]
         if not self.lengths or bad:
             raise GatelensError(f"context lengths must be ints in [1, T − 2 = {length - 2}]; "
                                 f"got {self.lengths}")
         self.logits_of, self.length, self.max_chars = logits_of, length, max_chars
-        #: ids (N, d) -> logits at the last position (N, V): a truncated run needs no other
-        #: (a model whose head can skip positions); None, or None returned: logits_of's last
-        self.last_logits_of = last_logits_of
+        #: (ids (N, d), positions) -> the logits at those positions only (N, P, V), for a
+        #: model whose head can skip the others; None, or None returned: logits_of's
+        self.logits_at = logits_at
+        #: the length a model pads each run to a multiple of (a chunked scan's chunk): a
+        #: call then holds at most MAX_PADDED padded tokens
+        self.pad_to = pad_to
         self.sums = [0.0] * len(self.lengths)
         self.counts = [0] * len(self.lengths)
 
     def update(self, ids: Tensor) -> None:
-        """Add the windows ``ids`` (B, T) int64."""
+        """Add the windows ``ids`` (B, T) int64.
+
+        A truncated context of d units ending at t is a run from the zero state over
+        x_{t−d+1} … x_t, so every d of one start s = t − d + 1 is read off ONE run from s,
+        at its positions d − 1: each start is run once, to the largest d it needs (the
+        positions and the figures are those of running each (t, d) alone)."""
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.shape[1] != self.length:
             got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
             raise GatelensError(f"ids must be (B, {self.length}) windows; got {got}")
         B, T = ids.shape
         whole = _logits(self.logits_of, ids)
         full = _losses(whole[:, :-1], ids[:, 1:])  # (B, T − 1), at t
-        chars = max(1, min(self.max_chars, MAX_LOGITS // int(whole.shape[-1])))
+        V = int(whole.shape[-1])
         del whole
-        for i, d in enumerate(self.lengths):
-            # the context ending at t starts at s = t − d + 1: s = 1 … T − d − 1
-            seqs = ids.unfold(1, d, 1)[:, 1 : T - d]  # (B, T − d − 1, d)
-            targets = ids[:, d + 1 :]  # x_{t+1} for t = d … T − 2, (B, T − d − 1)
-            flat, tflat = seqs.reshape(-1, d), targets.reshape(-1)
-            per = max(1, chars // d)
-            cut = torch.cat([_losses(self._last(flat[a : a + per]), tflat[a : a + per])
-                             for a in range(0, flat.shape[0], per)])
-            excess = cut - full[:, d:].reshape(-1)
-            self.sums[i] += float(excess.sum())
-            self.counts[i] += int(excess.numel())
+        ds = sorted(self.lengths)
+        for g, top in enumerate(ds):
+            # starts s whose longest context is ``top``: T − 1 − s in [top, the next d − 1]
+            lo = 1 if g == len(ds) - 1 else T - ds[g + 1]
+            hi = T - 1 - top  # inclusive
+            if hi < lo:
+                continue
+            keep = ds[: g + 1]  # every d ≤ top is read off the same runs
+            # x_s … x_{s+top}: the run, then the unit its longest context predicts
+            seqs = ids.unfold(1, top + 1, 1)[:, lo : hi + 1].reshape(-1, top + 1)
+            n = self._per_call(top, len(keep), V)
+            cut = torch.cat([self._cut(seqs[a : a + n], keep)
+                             for a in range(0, seqs.shape[0], n)])  # (B·S, P)
+            cut = cut.reshape(B, hi - lo + 1, len(keep))
+            starts = torch.arange(lo, hi + 1)
+            for j, d in enumerate(keep):
+                # the context of d units ending at t = s + d − 1, against the whole window's
+                excess = cut[:, :, j] - full[:, starts + d - 1]
+                i = self.lengths.index(d)
+                self.sums[i] += float(excess.sum())
+                self.counts[i] += int(excess.numel())
 
-    def _last(self, ids: Tensor) -> Tensor:
-        """The logits at the last position of each truncated run (N, V)."""
-        if self.last_logits_of is not None:
+    def _per_call(self, top: int, read: int, vocab: int) -> int:
+        """Runs of ``top`` units a call: within max_chars units (MAX_PADDED padded ones for a
+        model that pads), and MAX_LOGITS logits of the positions read."""
+        padded = top if not self.pad_to else -(-top // self.pad_to) * self.pad_to
+        units = min(self.max_chars, MAX_PADDED) if self.pad_to else self.max_chars
+        at = read if self.logits_at is not None else top
+        return max(1, min(units // padded, MAX_LOGITS // (at * vocab)))
+
+    def _cut(self, seqs: Tensor, keep: list[int]) -> Tensor:
+        """The losses of the truncated contexts (N, P): ``seqs`` (N, top + 1) a run and the
+        unit after it; the context of d units is the run's first d, its target the unit at
+        position d."""
+        runs, pos = seqs[:, :-1], [d - 1 for d in keep]
+        logits = None
+        if self.logits_at is not None:
             with torch.no_grad():
-                last = self.last_logits_of(ids)
-            if isinstance(last, Tensor) and tuple(last.shape[:1]) == (ids.shape[0],):
-                return last
-            self.last_logits_of = None  # the model did not give them: the whole run's
-        return _logits(self.logits_of, ids)[:, -1]
+                logits = self.logits_at(runs, pos)
+            if not (isinstance(logits, Tensor) and tuple(logits.shape[:2]) == (runs.shape[0],
+                                                                                len(pos))):
+                self.logits_at, logits = None, None  # the model did not give them
+        if logits is None:
+            logits = _logits(self.logits_of, runs)[:, pos]  # (N, P, V)
+        return _losses(logits, seqs[:, keep])  # (N, P)
 
     def result(self) -> ContextUsed:
         if not any(self.counts):

@@ -172,8 +172,8 @@ class Context(Accumulator):
             if self.acc is None:
                 runner = self.setup.runner
                 self.acc = ContextAccumulator(lambda i: runner(i).logits, self.setup.length,
-                                              last_logits_of=getattr(runner, "last_logits",
-                                                                     None))
+                                              logits_at=getattr(runner, "logits_at", None),
+                                              pad_to=getattr(runner, "pad_to", None))
             self.acc.update(chunk.windows[: chunk.memory])
 
     def result(self, found: dict) -> dict:

@@ -34,7 +34,13 @@ from gatelens.families.registry import family_of
 from gatelens.families.torch_ops import as_computed
 from gatelens.families.unopened import nothing_opened
 from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
-from gatelens.lens.logits import find_logits, last_logits_of, output_logits, recurrent_outputs
+from gatelens.lens.logits import (
+    find_logits,
+    logits_at_of,
+    output_logits,
+    pads_to,
+    recurrent_outputs,
+)
 from gatelens.lens.run import Run
 from gatelens.lens.tokens import (
     check_tokenizer,
@@ -279,9 +285,11 @@ class Lens:
             return found.logits
 
         run.logit_notes = []  # type: ignore[attr-defined]  # read by Lens.measure
-        # the context used's truncated runs need only the last position's logits
-        run.last_logits = None if self.encode is not None else last_logits_of(  # type: ignore[attr-defined]
+        # what the context used's truncated runs need: a few positions' logits, and how
+        # long the model pads a short run
+        run.logits_at = None if self.encode is not None else logits_at_of(  # type: ignore[attr-defined]
             model, self._vocab_size())
+        run.pad_to = pads_to(model)  # type: ignore[attr-defined]
         return run
 
 

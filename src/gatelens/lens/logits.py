@@ -137,12 +137,13 @@ def recurrent_outputs(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
             h.remove()
 
 
-def last_logits_of(model: nn.Module, vocab: int | None) -> Callable[[Tensor], Tensor | None] | None:
-    """ids (N, d) -> the logits at the last position only (N, V), where the model can skip
-    the others: a transformers causal LM computes its head only on the positions its
-    ``logits_to_keep`` keeps. The context used needs one position of each truncated run, and
-    a 50k-token head costs more than a few recurrent layers. None where the model cannot;
-    the function returns None where its output holds no such logits."""
+def logits_at_of(model: nn.Module, vocab: int | None
+                 ) -> Callable[[Tensor, list[int]], Tensor | None] | None:
+    """(ids (N, d), positions) -> the logits at those positions only (N, P, V), where the
+    model can skip the others: a transformers causal LM computes its head only on the
+    positions its ``logits_to_keep`` keeps. The context used reads a few positions of each
+    truncated run, and a 50k-token head costs more than a few recurrent layers. None where
+    the model cannot; the function returns None where its output holds no such logits."""
     try:
         takes = "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -150,22 +151,30 @@ def last_logits_of(model: nn.Module, vocab: int | None) -> Callable[[Tensor], Te
     if not takes or not hasattr(model, "config"):
         return None
 
-    def last(ids: Tensor) -> Tensor | None:
+    def at(ids: Tensor, positions: list[int]) -> Tensor | None:
+        keep = torch.tensor(positions, dtype=torch.int64, device=ids.device)
         flags = {m: m.training for m in model.modules()}
         try:
             model.eval()
             with torch.no_grad():
-                out = model(ids, use_cache=False, logits_to_keep=1)
+                out = model(ids, use_cache=False, logits_to_keep=keep)
         finally:
             for m, flag in flags.items():
                 m.training = flag
         logits = getattr(out, "logits", None)
         if (not isinstance(logits, Tensor) or logits.ndim != 3
-                or tuple(logits.shape[:2]) != (ids.shape[0], 1)
+                or tuple(logits.shape[:2]) != (ids.shape[0], len(positions))
                 or (vocab is not None and logits.shape[-1] != vocab)):
             return None
-        return logits[:, -1]
-    return last
+        return logits
+    return at
+
+
+def pads_to(model: nn.Module) -> int | None:
+    """The length a model pads each sequence to a multiple of, where its config says so (a
+    chunked scan's ``chunk_size``: transformers' Mamba-2 and its hybrids); None otherwise."""
+    chunk = getattr(getattr(model, "config", None), "chunk_size", None)
+    return chunk if isinstance(chunk, int) and chunk > 1 else None
 
 
 def output_logits(output: Any, vocab: int | None = None) -> Tensor | None:
