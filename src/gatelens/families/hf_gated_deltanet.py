@@ -17,13 +17,15 @@ keep operator is A_t(S) = α_t S (I − β_t k_t k_tᵀ) (``delta_keep``: the pe
 forget path applies it, a matrix product, not an element-wise one); the keep gate is α per
 head, the write strength β, the written vector v.
 
-The module's own trajectory: the layer run one token at a time through its own forward with
-transformers' own cache (its decode path, ``causal_conv1d_update`` and
-``torch_recurrent_gated_delta_rule``), started from a zero conv window and a zero state so
-that every token, the first too, takes that step; the whole-sequence forward (the chunked
-``torch_chunk_gated_delta_rule``) is compared with it (``step_vs_forward``), as is the final
-state the chunked path leaves in a cache (``final_vs_step``). Both of the package's paths
-compute the delta rule in float32 whatever the model's dtype.
+The per-token states come from ONE whole-sequence forward (families/delta_scan.py): the
+layer's chunked prompt path (``torch_chunk_gated_delta_rule``, given a fresh cache so that
+it leaves its final state) with hooks on its projections, and the package's recurrent step
+replayed on what they returned, bit for bit ``torch_recurrent_gated_delta_rule`` over the
+window; the chunked output against it is ``step_vs_forward``, the chunked final state
+``final_vs_step``. Where the layer runs a fused kernel instead, the decode path is read: the
+layer stepped one token at a time with transformers' own cache (``causal_conv1d_update``
+and the recurrent step), from a zero conv window and state. Both compute the delta rule in
+float32 whatever the model's dtype.
 
 ``--cell hf-gated-deltanet`` trains a ``GatedDeltaNetStack``: Qwen3-Next's own layer in
 pre-norm residual blocks with no attention between them; the family opens it as one stack
@@ -51,7 +53,9 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
-from gatelens.families.delta_edit import StepEdits, no_edit
+from gatelens.families.delta_cell import DeltaCell
+from gatelens.families.delta_edit import StepEdits
+from gatelens.families.delta_scan import DeltaForward
 from gatelens.families.official import OfficialFamily, buffer_units, scaled_diff
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -104,12 +108,6 @@ def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def _act(name: str):
-    from transformers.activations import ACT2FN
-
-    return ACT2FN[name]
-
-
 class GatedDeltaNetStack(nn.Module):
     """What ``--cell hf-gated-deltanet`` trains: ``layers`` of Qwen3-Next's own Gated DeltaNet
     layer, each in a pre-norm residual block x ← x + GDN(RMSNorm x) (PyTorch's RMSNorm),
@@ -158,7 +156,7 @@ GDN_RECIPE = Recipe(
     multiple=lambda heads: _SETTINGS["key_head_dim"], keep_words="Gated DeltaNet α a head")
 
 
-class HFGatedDeltaNetFamily(StepEdits, OfficialFamily):
+class HFGatedDeltaNetFamily(StepEdits, DeltaForward, DeltaCell, OfficialFamily):
     """One Gated DeltaNet layer of a Qwen3-Next / Qwen3.5 / OLMo Hybrid model."""
 
     name = "hf-gated-deltanet"
@@ -316,11 +314,15 @@ class HFGatedDeltaNetFamily(StepEdits, OfficialFamily):
 
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)
-        with torch.no_grad():
-            cache = self._cache(call.batch, call.inputs, primed=False)
-            self._run(call.inputs, cache)  # the chunked prefill
-        finals = [self._carried(cache.layers[g.layer_idx])[1]
-                  for g in self.layers(self.module)]  # (B, 1, S) each
+        own = ref.extra["own"]
+        if own is not None:  # the chunked prefill's final states, left by the same forward
+            finals = [o.pop("final")[:, None] for o in own]  # (B, 1, S) each
+        else:
+            with torch.no_grad():
+                cache = self._cache(call.batch, call.inputs, primed=False)
+                self._run(call.inputs, cache)  # the chunked prefill
+            finals = [self._carried(cache.layers[g.layer_idx])[1]
+                      for g in self.layers(self.module)]
         ref.final = torch.cat(finals, dim=-1)[:, 0]
         diffs = [scaled_diff(f, ref.extra["parts"][k][1][:, -1:])
                  for k, f in enumerate(finals)]
@@ -341,38 +343,23 @@ class HFGatedDeltaNetFamily(StepEdits, OfficialFamily):
         qkv = torch.cat([m.q_proj(u), m.k_proj(u), m.v_proj(u)], dim=-1)  # OLMo Hybrid
         return qkv, m.g_proj(u), m.b_proj(u), m.a_proj(u)
 
-    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
-        Hk, Hv, dk, dv, K, cd = self.shape
-        buf, s = parts
-        m = self.layers(m)[k]
-        qkv, z, b, a = self._project(m, u)
-        window = torch.cat([buf.view(-1, K - 1, cd), qkv[:, None]], dim=1)  # (N, K, conv_dim)
-        xc = (window * m.conv1d.weight[:, 0].T).sum(dim=1)
-        if m.conv1d.bias is not None:
-            xc = xc + m.conv1d.bias
-        xc = _act(m.activation)(xc)
+    def _qkv(self, m: nn.Module, u: Tensor) -> Tensor:
+        """The convolution's input (R, conv_dim) from R rows of the layer's input."""
+        return self._project(m, u)[0]
+
+    def _inputs(self, m: nn.Module, u: Tensor, xc: Tensor) -> dict[str, Tensor]:
+        """A step's input side, R rows (it reads no state): the trace's alpha, beta, k, v
+        (R, ·) from u (R, F) and the activated convolution xc; the scaled query q
+        (R, H_v, d_k) and the output gate (R, H_v, d_v) for the read-out."""
+        Hk, Hv, dk, dv, _, _ = self.shape
+        _, z, b, a = self._project(m, u)
         q, key, v = torch.split(xc, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
         q = _l2norm(q.view(-1, Hk, dk).repeat_interleave(Hv // Hk, dim=1)) * dk ** -0.5
-        key = _l2norm(key.view(-1, Hk, dk).repeat_interleave(Hv // Hk, dim=1))  # (N, H_v, d_k)
-        key = edit("k", key.reshape(-1, Hv * dk)).view(-1, Hv, dk)
-        v = edit("v", v.reshape(-1, Hv * dv)).view(-1, Hv, dv)
-        beta = edit("beta", torch.sigmoid(b) * (2.0 if self._neg else 1.0))  # (N, H_v)
+        key = _l2norm(key.view(-1, Hk, dk).repeat_interleave(Hv // Hk, dim=1))  # (R, H_v, d_k)
         A = torch.exp(m.A_log.float()).to(u.dtype)  # (H_v,): in float32, as the package
-        alpha = edit("alpha", torch.exp(-A * F.softplus(a + m.dt_bias)))  # (N, H_v)
-        kept = delta_keep({"alpha": alpha, "beta": beta, "k": key.reshape(-1, Hv * dk)},
-                          s).view(-1, Hv, dv, dk)  # α S (I − β k kᵀ)
-        S_new = kept + (beta[..., None] * v)[..., None] * key[:, :, None, :]  # + β v kᵀ
-        S_new = edit("s", S_new.reshape(-1, Hv * dv * dk)).view(-1, Hv, dv, dk)
-        o = (S_new * q[:, :, None, :]).sum(dim=-1)  # (N, H_v, d_v): S q
-        norm = m.norm if hasattr(m, "norm") else m.o_norm
-        o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon)
-        o = norm.weight * o * _act(norm.activation)(z.view(-1, Hv, dv))
-        out = m.out_proj if hasattr(m, "out_proj") else m.o_proj
-        y = out(o.reshape(-1, Hv * dv))
-        new = [window[:, 1:].reshape(-1, (K - 1) * cd), S_new.reshape(-1, Hv * dv * dk)]
-        sig = {"alpha": alpha, "beta": beta, "k": key.reshape(-1, Hv * dk),
-               "v": v.reshape(-1, Hv * dv)}
-        return sig, new, y
+        return {"alpha": torch.exp(-A * F.softplus(a + m.dt_bias)),  # (R, H_v)
+                "beta": torch.sigmoid(b) * (2.0 if self._neg else 1.0),
+                "k": key.reshape(-1, Hv * dk), "v": v, "q": q, "gate": z.view(-1, Hv, dv)}
 
     def pre(self, k, m, x):
         return m.norms[k](x) if isinstance(m, GatedDeltaNetStack) else x

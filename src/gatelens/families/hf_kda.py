@@ -21,14 +21,15 @@ A_t(S) = S Diag(α_t) (I − β_t k_t k_tᵀ) (``kda_keep``: the perturbation sp
 applies it, a matrix product); the keep gate is α per channel (the units are the H·d key
 channels, each S column's own decay), the write strength β per head, the written vector v.
 
-The module's own trajectory, the cache and the chunked path are Gated DeltaNet's
-(families/hf_gated_deltanet.py, whose family this one extends): the layer run one token at
-a time through its own forward with transformers' own cache (``causal_conv1d_update`` and
-``recurrent_kimi_delta_attention``), started from a zero conv window and a zero state; the
-whole-sequence forward (``chunk_kimi_delta_attention``, chunks of 64) is compared with it
-(``step_vs_forward``), as is the final state the chunked path leaves in a cache
-(``final_vs_step``). The package computes g, the delta rule and the gated norm in float32
-whatever the model's dtype. No ``--cell`` recipe: the family opens Kimi-Linear's layers.
+The per-token states, the cache and the chunked path are Gated DeltaNet's
+(families/hf_gated_deltanet.py, whose family this one extends): one whole-sequence forward
+(``chunk_kimi_delta_attention``, chunks of 64) with hooks on the projections and the forget
+gate, and the package's recurrent step (``recurrent_kimi_delta_attention``, what its decode
+path calls) replayed on what they returned (families/delta_scan.py), bit for bit that
+function over the window; the chunked output against it is ``step_vs_forward``, the chunked
+final state ``final_vs_step``. A layer running a fused kernel is read on its decode path.
+The package computes g, the delta rule and the gated norm in float32 whatever the model's
+dtype. No ``--cell`` recipe: the family opens Kimi-Linear's layers.
 
 >>> import torch
 >>> from transformers import KimiLinearConfig, KimiLinearForCausalLM
@@ -49,8 +50,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gatelens.families.delta_edit import no_edit
-from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily, _act, _l2norm
+from gatelens.families.delta_scan import KDA_PACKAGE
+from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily, _l2norm
 from gatelens.families.official import OfficialFamily
 from gatelens.families.spec import SIGMOID, CellSpec
 
@@ -101,6 +102,7 @@ class HFKDAFamily(HFGatedDeltaNetFamily):
                   "self_attn inside the whole model)")
     specs = (KDA,)
     recipe = None
+    package = KDA_PACKAGE
     units_name = "channel"
 
     @classmethod
@@ -146,37 +148,19 @@ class HFKDAFamily(HFGatedDeltaNetFamily):
         H, _, dk, dv, _, _ = self.shape
         return torch.arange(H * dk).view(H, 1, dk).expand(H, dv, dk).reshape(-1)
 
-    # ---- the hand cell ---------------------------------------------------------------
-    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
-        H, _, dk, dv, K, cd = self.shape
-        buf, s = parts
-        m = self.layers(m)[k]
-        qkv = torch.cat([m.q_proj(u), m.k_proj(u), m.v_proj(u)], dim=-1)  # (N, conv_dim)
-        window = torch.cat([buf.view(-1, K - 1, cd), qkv[:, None]], dim=1)  # (N, K, conv_dim)
-        xc = (window * m.conv1d.weight[:, 0].T).sum(dim=1)
-        if m.conv1d.bias is not None:
-            xc = xc + m.conv1d.bias
-        xc = _act(m.activation)(xc)
+    # ---- the hand cell (families/delta_cell.py) ------------------------------------------
+    def _qkv(self, m: nn.Module, u: Tensor) -> Tensor:
+        return torch.cat([m.q_proj(u), m.k_proj(u), m.v_proj(u)], dim=-1)  # (R, conv_dim)
+
+    def _inputs(self, m: nn.Module, u: Tensor, xc: Tensor) -> dict[str, Tensor]:
+        """A step's input side, R rows: α (R, H·d_k: one a key channel), β (R, H), the
+        normalised k and v (R, H·d), the scaled q (R, H, d) and the output gate (R, H, d)."""
+        H, _, dk, dv, _, _ = self.shape
         q, key, v = torch.split(xc, [H * dk, H * dk, H * dv], dim=-1)
-        q = _l2norm(q.view(-1, H, dk)) * dk ** -0.5
-        key = edit("k", _l2norm(key.view(-1, H, dk)).reshape(-1, H * dk)).view(-1, H, dk)
-        v = edit("v", v.reshape(-1, H * dv)).view(-1, H, dv)
         fg = m.forget_gate
         A = torch.exp(fg.A_log.float()).to(u.dtype).view(1, H, 1)  # in float32, as the package
         g = -A * _softplus((fg.f_b_proj(fg.f_a_proj(u)) + fg.dt_bias).view(-1, H, dk))
-        alpha = edit("alpha", torch.exp(g).reshape(-1, H * dk))  # (N, H·d_k): one a channel
-        beta = edit("beta", torch.sigmoid(m.b_proj(u)))  # (N, H)
-        kept = kda_keep({"alpha": alpha, "beta": beta, "k": key.reshape(-1, H * dk)},
-                        s).view(-1, H, dv, dk)  # S Diag(α) (I − β k kᵀ)
-        S_new = kept + (beta[..., None] * v)[..., None] * key[:, :, None, :]  # + β v kᵀ
-        S_new = edit("s", S_new.reshape(-1, H * dv * dk)).view(-1, H, dv, dk)
-        o = (S_new * q[:, :, None, :]).sum(dim=-1)  # (N, H, d_v): S q
-        norm = m.o_norm
-        o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon)
-        gate = m.g_b_proj(m.g_a_proj(u)).view(-1, H, dv)
-        o = norm.weight * o * _act(norm.activation)(gate)
-        y = m.o_proj(o.reshape(-1, H * dv))
-        new = [window[:, 1:].reshape(-1, (K - 1) * cd), S_new.reshape(-1, H * dv * dk)]
-        sig = {"alpha": alpha, "beta": beta, "k": key.reshape(-1, H * dk),
-               "v": v.reshape(-1, H * dv)}
-        return sig, new, y
+        return {"alpha": torch.exp(g).reshape(-1, H * dk), "beta": torch.sigmoid(m.b_proj(u)),
+                "k": _l2norm(key.view(-1, H, dk)).reshape(-1, H * dk), "v": v,
+                "q": _l2norm(q.view(-1, H, dk)) * dk ** -0.5,
+                "gate": m.g_b_proj(m.g_a_proj(u)).view(-1, H, dv)}

@@ -1,0 +1,210 @@
+"""Per-token states of the 2026 families read from ONE whole-sequence forward
+(families/delta_scan.py: Gated DeltaNet and KDA): the replay is the package's own recurrent
+step over the window (its final state and output, bit for bit, on the q, k, v, g, β the
+forward itself handed to its chunked rule), agrees with the package's decode path state by
+state (the independent per-token reference), the reference's output is the module's own
+forward, a replay that is off shows, and a layer on a fused kernel is read on its decode
+path."""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+
+import pytest
+import torch
+import transformers
+
+import gatelens
+from gatelens.families import delta_scan
+from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily
+from gatelens.families.hf_kda import HFKDAFamily
+from gatelens.families.official import scaled_diff
+
+D, B, T = 32, 2, 20
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+              linear_value_head_dim=8, linear_conv_kernel_dim=3)
+TYPES = ["linear_attention", "full_attention"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet(one_thread):
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=".*fall.*back.*")
+
+
+def _spread(model: torch.nn.Module) -> torch.nn.Module:
+    """Weights beyond the 0.02 initialisation and decays of 0.6-0.98 (states of order one)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
+            elif "norm" not in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def _layer(kind: str) -> torch.nn.Module:
+    """The first recurrent layer of a small random hybrid of that kind."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=11, hidden_size=D, num_hidden_layers=2, layer_types=TYPES)
+    if kind == "kda":
+        cfg = transformers.KimiLinearConfig(
+            **common, intermediate_size=2 * D, num_attention_heads=2, num_key_value_heads=2,
+            kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+            linear_num_heads=2, linear_head_dim=8, linear_conv_kernel_dim=3,
+            mlp_layer_types=["dense", "dense"], pad_token_id=0)
+        return _spread(transformers.KimiLinearForCausalLM(cfg)).model.layers[0].self_attn
+    if kind == "olmo_hybrid":
+        cfg = transformers.OlmoHybridConfig(**common, **LINEAR, intermediate_size=2 * D,
+                                            num_attention_heads=2, num_key_value_heads=1,
+                                            pad_token_id=0)
+        return _spread(transformers.OlmoHybridForCausalLM(cfg)).model.layers[0].linear_attn
+    config, model = {"qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+                     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")}[kind]
+    extra = {"num_experts": 0} if kind == "qwen3_next" else {}
+    cfg = getattr(transformers, config)(**common, **LINEAR, **extra, intermediate_size=2 * D,
+                                        num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=16)
+    return _spread(getattr(transformers, model)(cfg)).model.layers[0].linear_attn
+
+
+def _family(mod):
+    return (HFKDAFamily if type(mod).__name__.startswith("Kimi") else HFGatedDeltaNetFamily)(mod)
+
+
+def _x(length: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randn(B, length, D, generator=torch.Generator().manual_seed(seed))
+
+
+def _chunked_args(mod, x, monkeypatch) -> dict:
+    """The q, k, v, g, β the layer's forward hands its chunked delta rule (recorded)."""
+    hf = __import__(type(mod).__module__, fromlist=["_"])
+    name = "chunk_kimi_delta_attention" if hasattr(mod, "forget_gate") else \
+        "torch_chunk_gated_delta_rule"
+    chunked, seen = getattr(hf, name), {}
+
+    def record(query, key, value, g, beta, **kwargs):
+        seen.update(q=query, k=key, v=value, g=g, beta=beta)
+        return chunked(query, key, value, g=g, beta=beta, **kwargs)
+
+    monkeypatch.setattr(hf, name, record)
+    with torch.no_grad():
+        mod(hidden_states=x)
+    monkeypatch.setattr(hf, name, chunked)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5", "olmo_hybrid", "kda"])
+def test_the_states_from_the_forward_are_the_packages_recurrent_step(kind, monkeypatch):
+    mod = _layer(kind)
+    fam = _family(mod)
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    assert ref.extra["own"] is not None  # read from the forward, not the decode path
+    with torch.no_grad():
+        decode = fam._trajectory(call)  # one token a call, through the package's cache
+        forward = fam._forward(call)
+    assert torch.equal(ref.output, forward)  # the module's own forward, its cache or not
+    # the package's recurrent function over the whole window, on the forward's own inputs
+    hf = __import__(type(mod).__module__, fromlist=["_"])
+    a = _chunked_args(mod, call.inputs, monkeypatch)
+    step = hf.recurrent_kimi_delta_attention if kind == "kda" else \
+        hf.torch_recurrent_gated_delta_rule
+    _, final = step(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"], initial_state=None,
+                    output_final_state=True, use_qk_l2norm_in_kernel=True)
+    s = ref.extra["parts"][0][1]  # (B, T, H·d_v·d_k)
+    assert torch.equal(s[:, -1], final.transpose(-1, -2).flatten(1))  # bit for bit
+    # the decode path, state by state (its convolution runs one window at a time)
+    assert scaled_diff(s, decode["parts"][0][1])[1] <= 1e-5
+    assert torch.equal(ref.extra["parts"][0][0], decode["parts"][0][0]) or \
+        scaled_diff(ref.extra["parts"][0][0], decode["parts"][0][0])[1] <= 1e-6
+    assert 0 < ref.extra["step_vs_forward"][1] <= 1e-5  # the chunked output, not the replay
+    assert ref.extra["final_vs_step"][1] <= 1e-5
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h <= 1e-5
+
+
+def test_a_window_shorter_than_the_convolution():
+    fam = _family(_layer("qwen3_next"))  # conv of 3 taps, 2 tokens
+    call = fam.check(_x(2))
+    ref = fam.reference(call)
+    with torch.no_grad():
+        decode, forward = fam._trajectory(call), fam._forward(call)
+    assert ref.extra["own"] is not None
+    assert scaled_diff(ref.output, forward)[1] <= 1e-6
+    assert scaled_diff(ref.extra["parts"][0][1], decode["parts"][0][1])[1] <= 1e-5
+
+
+def test_a_replay_that_is_off_is_seen(monkeypatch):
+    """Every decay off by 1e-3 relative: the chunked output parts from the replay
+    (step_vs_forward) and the one-step check fails."""
+    steps = delta_scan.delta_steps
+
+    def off(T, S, at):
+        def at_off(t):
+            q, k, v, decay, beta = at(t)
+            return q, k, v, decay * (1 + 1e-3), beta
+        return steps(T, S, at_off)
+
+    monkeypatch.setattr(delta_scan, "delta_steps", off)
+    for kind in ("qwen3_next", "kda"):
+        fam = _family(_layer(kind))
+        call = fam.check(_x())
+        ref = fam.reference(call)
+        assert ref.extra["step_vs_forward"][1] > 1e-4
+        assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4
+
+
+def test_a_fused_kernel_or_a_replaced_forward_is_read_on_the_decode_path(monkeypatch):
+    mod = _layer("qwen3_next")
+    assert delta_scan.torch_path(mod, delta_scan.GDN_PACKAGE.functions)
+    hf = __import__(type(mod).__module__, fromlist=["_"])
+
+    def installed(torch_function):  # transformers' wrapper, a package's kernel found
+        implementation, is_new_implementation = torch_function, True
+
+        @functools.wraps(torch_function)
+        def wrapped(*args, **kwargs):
+            assert is_new_implementation
+            return implementation(*args, **kwargs)
+        return wrapped
+
+    with monkeypatch.context() as mp:
+        mp.setattr(hf, "torch_chunk_gated_delta_rule",
+                   installed(hf.torch_chunk_gated_delta_rule.__wrapped__))
+        assert not delta_scan.torch_path(mod, delta_scan.GDN_PACKAGE.functions)
+    mod.forward = types.MethodType(type(mod).forward, mod)  # a forward put in its place
+    fam = HFGatedDeltaNetFamily(mod)
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    assert ref.extra["own"] is None and fam.one_step(call, ref)[0].max_scaled_diff_h <= 1e-5
+    assert gatelens.trace(mod, call.inputs).meta["method"] == "anchored"
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "kda"])
+def test_the_default_trace_is_the_modules_own(kind):
+    mod = _layer(kind)
+    x = _x()
+    own = gatelens.trace(mod, x)
+    hand = gatelens.trace(mod, x, method="anchored")
+    assert own.meta["method"] == "own" and hand.meta["method"] == "anchored"
+    assert list(own) == list(hand) == _family(mod).names()
+    for name in own:
+        assert scaled_diff(own[name], hand[name])[1] <= 1e-5, name
+
+
+def test_the_free_running_rerun_by_layer_is_the_step_by_step_one():
+    from gatelens.families.hf_gated_deltanet import GDN_RECIPE
+
+    torch.manual_seed(0)
+    stack = _spread(GDN_RECIPE.build(D, D, 2, settings=GDN_RECIPE.settings))
+    for fam in (HFGatedDeltaNetFamily(stack), _family(_layer("kda"))):
+        call = fam.check(_x(12))
+        with torch.no_grad():
+            by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
+        for name, v in by_step.signals.items():
+            assert scaled_diff(by_layer.signals[name], v)[1] <= 1e-6, name
