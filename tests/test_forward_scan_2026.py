@@ -208,3 +208,68 @@ def test_the_free_running_rerun_by_layer_is_the_step_by_step_one():
             by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
         for name, v in by_step.signals.items():
             assert scaled_diff(by_layer.signals[name], v)[1] <= 1e-6, name
+
+
+# ---- RG-LRU (RecurrentGemma): its forward scans token by token ----------------------------
+def _gemma_layer(lru_width: int | None = None) -> torch.nn.Module:
+    cfg = transformers.RecurrentGemmaConfig(
+        vocab_size=11, hidden_size=D, intermediate_size=2 * D, num_attention_heads=2,
+        num_hidden_layers=2, block_types=["recurrent", "attention"], attention_window_size=8,
+        conv1d_width=3, lru_width=lru_width, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.RecurrentGemmaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # biases away from zero; the package's own decays (0.9-0.999)
+        for name, p in model.named_parameters():
+            if not name.endswith("recurrent_param"):
+                p.add_((0.3 if "bias" in name or "norm" in name else 0.1)
+                       * torch.randn(p.shape, generator=g))
+    return model.eval().model.layers[0]
+
+
+@pytest.mark.parametrize("lru_width", [None, 48])  # 48: the LRU wider than the model
+def test_rglru_states_from_the_forward_are_its_scans(lru_width):
+    from gatelens.families.hf_rglru import HFRGLRUFamily
+
+    fam = HFRGLRUFamily(_gemma_layer(lru_width))
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    assert ref.extra["own"] is not None
+    assert ref.extra["step_vs_forward"] == (0.0, 0.0)  # the forward's own states, bit for bit
+    with torch.no_grad():
+        decode, forward = fam._trajectory(call), fam._forward(call)
+    assert torch.equal(ref.output, forward)
+    for i in (0, 1):  # the decode path (its convolution one window at a time)
+        assert scaled_diff(ref.extra["parts"][0][i], decode["parts"][0][i])[1] <= 1e-5
+    assert torch.equal(ref.extra["aux"][0], decode["aux"][0])  # the reset at position 0
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h <= 1e-5
+    own = gatelens.trace(fam.module, call.inputs)
+    hand = gatelens.trace(fam.module, call.inputs, method="anchored")
+    assert own.meta["method"] == "own" and list(own) == list(hand) == fam.names()
+    for name in own:
+        assert scaled_diff(own[name], hand[name])[1] <= 1e-5, name
+
+
+def test_rglru_a_replay_that_is_off_is_seen(monkeypatch):
+    from gatelens.families import forward_scan, hf_rglru
+
+    monkeypatch.setattr(hf_rglru, "linear_scan",
+                        lambda a, b: forward_scan.linear_scan(a * (1 + 1e-3), b))
+    fam = hf_rglru.HFRGLRUFamily(_gemma_layer())
+    call = fam.check(_x())
+    ref = fam.reference(call)
+    assert ref.extra["step_vs_forward"][1] > 1e-4
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4
+
+
+def test_rglru_rerun_by_layer_is_the_step_by_step_one():
+    from gatelens.families.hf_rglru import RGLRU_RECIPE, HFRGLRUFamily
+
+    torch.manual_seed(0)
+    stack = RGLRU_RECIPE.build(D, D, 2, settings=RGLRU_RECIPE.settings)
+    for fam in (HFRGLRUFamily(stack), HFRGLRUFamily(_gemma_layer(48))):
+        call = fam.check(_x(12))
+        with torch.no_grad():
+            by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
+        for name, v in by_step.signals.items():
+            assert scaled_diff(by_layer.signals[name], v)[1] <= 1e-6, name

@@ -12,11 +12,12 @@ One block (METHODS "The 2026 families", RG-LRU), with u = RMSNorm(x) (Gemma's 1 
 At position 0 the package resets (its ``position_ids == 0``): s_0 = i_0 ⊙ x̂_0, neither a_0
 nor √(1 − a_0²) applied. The trace's a_0 is the gate's value there (what the keep would be);
 the step takes the reset from the trajectory (``aux``), and the dynamics start after it.
-The units are the channels (lru_width). The module's own trajectory: the block run one
-token at a time with its own cache (its decode branch: the conv's last inputs and the
-RG-LRU's state, which the package keeps in float32 whatever the model's dtype), against
-its whole-sequence forward (``step_vs_forward``). The input enters s through the
-convolution's window of conv1d_width positions.
+The units are the channels (lru_width); the input enters s through the convolution's
+window of conv1d_width positions. The states come from one whole-sequence forward: its
+RG-LRU scans token by token in float32, replayed on the input it received (``rglru_replay``;
+``step_vs_forward``: the replay against the RG-LRU's output, 0 in float32). A block on
+another forward is read on its decode path (its own cache, one token at a time, the RG-LRU
+state in float32 whatever the model's dtype), the tests' independent per-token reference.
 
 ``--cell hf-rglru`` trains an ``RGLRUStack``: the package's own recurrent residual blocks
 (no local attention) and its final norm; the family opens it as one stack, its blocks and
@@ -47,7 +48,15 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Reference
 from gatelens.families.delta_edit import StepEdits, no_edit
-from gatelens.families.official import OfficialFamily, Recorder, buffer_units
+from gatelens.families.delta_scan import torch_path
+from gatelens.families.forward_scan import linear_scan
+from gatelens.families.official import (
+    OfficialFamily,
+    Recorder,
+    buffer_units,
+    conv_buffer,
+    scaled_diff,
+)
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
 
@@ -186,8 +195,8 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
         return self.d_conv
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        return [torch.zeros(batch, (self.d_conv - 1) * self.width, dtype=torch.float64),
-                torch.zeros(batch, self.width, dtype=torch.float64)]
+        return [torch.zeros(batch, n, dtype=torch.float64) for n in (
+            (self.d_conv - 1) * self.width, self.width)]
 
     # ---- a call ------------------------------------------------------------------
     def split_call(self, args: tuple, kwargs: dict):
@@ -261,6 +270,34 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
                 "parts": [[torch.cat(convs[k], 1), torch.cat(states[k], 1)] for k in range(L)],
                 "aux": [reset] * L, "output": output}
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """Every state from one whole-sequence forward (module docstring), hooks on each
+        block's linear_x (the convolution's input), RG-LRU, temporal and residual block;
+        None where a block or its RG-LRU runs another forward than the package's."""
+        layers, B, T = self.layers(self.module), call.batch, call.length
+        blocks = [layer.temporal_block for layer in layers]
+        if not all(torch_path(m, ()) for b in blocks for m in (b, b.rg_lru)):
+            return None
+        mods = {f"{n}{k}": mod for k, (layer, b) in enumerate(zip(layers, blocks, strict=True))
+                for n, mod in (("layer", layer), ("block", b), ("lx", b.linear_x),
+                               ("lru", b.rg_lru))}
+        with Recorder(mods) as rec:
+            output = self._forward(call)
+        reset = torch.arange(T, device=call.inputs.device)[None, :, None] == 0  # position 0
+        parts, own, gap = [], [], (0.0, 0.0)
+        for k, b in enumerate(blocks):
+            sig, s = rglru_replay(b.rg_lru, rec.stacked(f"lru{k}"), reset)
+            d = scaled_diff(s, rec.stacked(f"lru{k}", outputs=True))
+            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            parts.append([conv_buffer(rec.stacked(f"lx{k}", outputs=True), self.d_conv), s])
+            own.append({n: v.to(call.inputs.dtype) for n, v in sig.items()})
+        L, aux = len(layers), reset.expand(B, T, 1).to(call.inputs.dtype)
+        got = {n: [rec.stacked(f"{m}{k}", outputs=o) for k in range(L)]
+               for n, m, o in (("x", "layer", False), ("u", "block", False),
+                               ("y", "block", True), ("xo", "layer", True))}
+        return {**got, "parts": parts, "aux": [aux] * L, "output": output, "own": own,
+                "step_vs_forward": gap}
+
     # ---- the hand cell ------------------------------------------------------------
     def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         block = self.layers(m)[k].temporal_block
@@ -295,6 +332,25 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
         new = [window[:, 1:].reshape(-1, (K - 1) * W), s_new]
         return {"r": r, "i": i, "a": a, "write": write, "x": xc}, new, y
 
+    def scan_layer(self, k: int, m: nn.Module, u: Tensor
+                   ) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
+        """Layer k's hand cell over a window ``u`` (B, T, F) from position 0: ``step_cell`` on
+        every position at once from a zero state (its gates read no state; s is linear, so
+        that step's s is the input term write ⊙ x̂), then s_t = keep_t ⊙ s_{t−1} + write_t ⊙ x̂_t
+        along time, keep_0 = 0 (the reset). (signals, parts, y), each (B, T, ·)."""
+        block, (B, T), W = self.layers(m)[k].temporal_block, u.shape[:2], self.width
+        xb = block.linear_x(u)  # (B, T, W): the convolution's input
+        buf = conv_buffer(torch.cat([xb.new_zeros(B, 1, W), xb[:, :-1]], dim=1), self.d_conv)
+        reset = (torch.arange(T, device=u.device) == 0).to(u.dtype)[None, :, None]  # (1, T, 1)
+        parts = [buf.reshape(B * T, -1), u.new_zeros(B * T, W)]
+        sig, (_, b), _ = self.step_cell(k, m, u.reshape(B * T, -1), parts,
+                                        reset.expand(B, T, 1).reshape(B * T, 1))
+        sig = {n: v.view(B, T, W) for n, v in sig.items()}
+        keep = (sig["a"] * (1 - reset)).transpose(0, 1)  # (T, B, W)
+        s = linear_scan(keep, b.view(B, T, W).transpose(0, 1)).transpose(0, 1)
+        y = block.linear_out(s * block.act_fn(block.linear_y(u)))
+        return sig, [conv_buffer(xb, self.d_conv), s], y
+
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]
 
@@ -317,3 +373,28 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
         (dyn,) = super().dynamics(call, plain)
         return [replace(dyn, initial=[p[:, 0] for p in dyn.trajectory],
                         order=list(range(1, call.length)), offset=1)]
+
+
+@torch.no_grad()
+def rglru_replay(lru: nn.Module, x: Tensor, reset: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    """``RecurrentGemmaRglru.forward`` on the input x̂ (B, T, W) it received, in its own
+    operations and layout, its float32 ``_rnn_scan`` replayed by forward_scan.linear_scan
+    (its multiply, then its add): the trace's r, i, a (the gate's value, at the reset too),
+    write = √(1 − a²)·i (1·i at the reset), x = x̂ and s (float32), each (B, T, W)."""
+    B, T, W = x.shape
+    heads = int(lru.num_attention_heads)
+    act = x.reshape(B * T, heads, W // heads).permute(1, 0, 2)  # (heads, B·T, block)
+
+    def gate(weight: Tensor, bias: Tensor) -> Tensor:
+        res = torch.baddbmm(bias[:, None, :], act, weight)
+        return torch.sigmoid(res.transpose(0, 1).reshape(B, T, W))
+
+    i = gate(lru.input_gate_weight, lru.input_gate_bias)
+    r = gate(lru.recurrent_gate_weight, lru.recurrent_gate_bias)
+    log_a = -C_LRU * r * F.softplus(lru.recurrent_param)
+    a = torch.exp(log_a)
+    multiplier = torch.sqrt(1 - torch.exp(2 * log_a))  # SqrtBoundDerivative's forward
+    multiplier = reset + ~reset * multiplier
+    b = (x * i) * multiplier.type(x.dtype)  # (B, T, W): the normalised input
+    s = linear_scan((a * ~reset).float().transpose(0, 1), b.float().transpose(0, 1))
+    return {"r": r, "i": i, "a": a, "write": multiplier * i, "x": x}, s.transpose(0, 1)
