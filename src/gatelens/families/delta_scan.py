@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from gatelens.families.official import Recorder, conv_buffer, scaled_diff
 
 __all__ = ["GDN_PACKAGE", "KDA_PACKAGE", "DeltaForward", "DeltaPackage", "delta_steps",
-           "gdn_replay", "kda_replay", "package_function", "torch_path"]
+           "gdn_replay", "kda_replay", "package_function", "prompt_conv", "torch_path"]
 
 
 def package_function(layer: nn.Module, name: str) -> Callable:
@@ -146,7 +146,7 @@ def kda_replay(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
 
 # ---- what each package's forward computed, from hooks on its module calls --------------
-def _conv(layer: nn.Module, mixed: Tensor) -> Tensor:
+def prompt_conv(layer: nn.Module, mixed: Tensor) -> Tensor:
     """The layer's short convolution as its forward computes a prompt with a cache: the
     file's ``causal_conv1d_fn`` on the projections (B, T, conv_dim), a window shorter than
     the kernel left-padded with zeros first (the cache's ``update_conv_state``); the
@@ -187,7 +187,7 @@ def gdn_inputs(layer: nn.Module, out: dict[str, Tensor]
         mixed = torch.cat([out["q_proj"], out["k_proj"], out["v_proj"]], dim=-1)
         b, a = out["b_proj"], out["a_proj"]
     B, T = mixed.shape[:2]
-    q, k, v = torch.split(_conv(layer, mixed), [layer.key_dim, layer.key_dim,
+    q, k, v = torch.split(prompt_conv(layer, mixed), [layer.key_dim, layer.key_dim,
                                                 layer.value_dim], dim=-1)
     beta = b.sigmoid()
     if getattr(layer, "allow_neg_eigval", False):  # OLMo Hybrid's β ∈ (0, 2)
@@ -210,7 +210,7 @@ def kda_inputs(layer: nn.Module, out: dict[str, Tensor]
     mixed = torch.cat([out["q_proj"], out["k_proj"], out["v_proj"]], dim=-1)
     B, T = mixed.shape[:2]
     q, k, v = (x.view(B, T, -1, layer.head_dim)
-               for x in torch.split(_conv(layer, mixed), [layer.qkv_dim] * 3, dim=-1))
+               for x in torch.split(prompt_conv(layer, mixed), [layer.qkv_dim] * 3, dim=-1))
     return mixed, (q, k, v, out["forget_gate"], torch.sigmoid(out["b_proj"]))
 
 

@@ -9,9 +9,13 @@ a buffer its forward never reads), then Δ = softplus(dt_proj.weight δ + dt_pro
 the scan s_t = exp(Δ·A) s_{t−1} + Δ B x̂ as in Mamba. The package takes each norm in float32
 (``x.float()``), and the blocks' RMSNorms too; the hand cell takes them all in the dtype it
 runs in (float64 for the read-out).
-The reference is the model run one token at a time with its own cache (its
-``selective_state_update``), the whole-sequence CPU scan compared with it
-(``step_vs_forward``). Edits (``Lens.run``) are hf-mamba's (families/official_edit.py).
+The states come from one whole-sequence forward, as hf-mamba's: hooks on each mixer's
+in_proj, x_proj, three norms and out_proj, and the package's sequential CPU scan replayed on
+what they returned (``normed_scan``: its states bit for bit; with ``use_mambapy``, its
+parallel scan's rounding aside, the step's arithmetic; the output against the mixer's is
+``step_vs_forward``); a mixer on a fused kernel is read on the decode path, the
+model run one token at a time with its own cache (``selective_state_update``). Edits
+(``Lens.run``) are hf-mamba's (families/official_edit.py).
 
 >>> import torch
 >>> from transformers import FalconMambaConfig, FalconMambaModel
@@ -29,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.families.base import Call, Reference
-from gatelens.families.hf_mamba import HFMambaFamily
-from gatelens.families.official import scaled_diff
+from gatelens.families.delta_scan import torch_path
+from gatelens.families.hf_mamba import HFMambaFamily, mamba1_scan
+from gatelens.families.official import Recorder, conv_buffer, scaled_diff
 
 _HF = "transformers.models.falcon_mamba.modeling_falcon_mamba"
 
@@ -43,6 +48,37 @@ def rms(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
     """
     out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return out if weight is None else weight.to(x.dtype) * out
+
+
+#: the mixer's norms after x_proj (Δ's low-rank input, B, C), module calls in both packages
+NORMS = ("dt_layernorm", "b_layernorm", "c_layernorm")
+
+
+def normed_hooks(mix: nn.Module, k: int) -> dict[str, nn.Module]:
+    """The module calls of a Mamba-1 mixer with norms on Δ, B, C (FalconMamba's, Jamba's)
+    that ``normed_scan`` reads, named for layer k."""
+    return {f"in{k}": mix.in_proj, f"xp{k}": mix.x_proj, f"out{k}": mix.out_proj,
+            **{f"{n}{k}": getattr(mix, n) for n in NORMS}}
+
+
+def normed_path(mix: nn.Module) -> bool:
+    """Whether the mixer runs its file's PyTorch scan (no fused kernel in its place, no
+    quantised ``dt_proj`` the forward calls another way)."""
+    return torch_path(mix, ("causal_conv1d_fn", "mamba_selective_scan",
+                            "mamba_selective_state_update")) and \
+        not hasattr(mix.config, "_is_quantized")
+
+
+def normed_scan(mix: nn.Module, rec: Recorder, k: int
+                ) -> tuple[dict[str, Tensor], Tensor, Tensor, tuple[float, float]]:
+    """hf_mamba.mamba1_scan (the package's sequential scan, replayed) on what layer k's
+    x_proj received and its three norms returned, with in_proj's gate: the signals, the
+    convolution's input (B, T, d_inner), s (B, T, d_inner·N), and the replay's output
+    against the one out_proj received (``step_vs_forward``)."""
+    x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # (B, T, d_inner) each
+    normed = torch.cat([rec.stacked(f"{n}{k}", outputs=True) for n in NORMS], dim=-1)
+    sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), normed, z)
+    return sig, x, s, scaled_diff(y, rec.stacked(f"out{k}"))
 
 
 class HFFalconMambaFamily(HFMambaFamily):
@@ -61,15 +97,46 @@ class HFFalconMambaFamily(HFMambaFamily):
         eps = float(mixer.rms_eps)
         return rms(dt, eps), rms(B, eps), rms(C, eps)
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """Every state from one whole-sequence forward (given a fresh cache so that it
+        leaves its final state too), each mixer read by ``normed_scan``; None where a mixer
+        runs a fused kernel."""
+        from transformers import DynamicCache
+
+        if not all(normed_path(mix) for mix in self.mixers(self.module)):
+            return None
+        L, mods = self.num_layers, {}
+        for k, block in enumerate(self.module.layers):
+            mods.update({f"block{k}": block, f"mixer{k}": block.mixer,
+                         **normed_hooks(block.mixer, k)})
+        cache = DynamicCache(config=self.module.config)
+        with Recorder(mods) as rec:
+            output = self.module(inputs_embeds=call.inputs, cache_params=cache,
+                                 use_cache=True).last_hidden_state
+        parts, own, gap = [], [], (0.0, 0.0)
+        for k, mix in enumerate(self.mixers(self.module)):
+            sig, x, s, d = normed_scan(mix, rec, k)
+            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            parts.append([conv_buffer(x, self.d_conv), s])
+            own.append({**sig, "final": cache.get_recurrent_state(k).reshape(call.batch, -1)})
+        got = {n: [rec.stacked(f"{m}{k}", outputs=o) for k in range(L)]
+               for n, m, o in (("x", "block", False), ("u", "mixer", False),
+                               ("y", "mixer", True), ("xo", "block", True))}
+        return {**got, "parts": parts, "aux": [None] * L, "output": output, "own": own,
+                "step_vs_forward": gap}
+
     def reference(self, call: Call) -> Reference:
         from transformers import DynamicCache
 
         ref = super().reference(call)
-        cache = DynamicCache(config=self.module.config)
-        with torch.no_grad():  # the whole-sequence scan, its final state left in the cache
-            self.module(inputs_embeds=call.inputs, cache_params=cache, use_cache=True)
-        finals = [cache.get_recurrent_state(k).reshape(call.batch, 1, -1)
-                  for k in range(self.num_layers)]  # (B, 1, d_inner·N) each
+        if ref.extra["own"] is not None:  # the whole-sequence scan's, from the same forward
+            finals = [o.pop("final")[:, None] for o in ref.extra["own"]]
+        else:
+            cache = DynamicCache(config=self.module.config)
+            with torch.no_grad():  # the whole-sequence scan, its final state left in the cache
+                self.module(inputs_embeds=call.inputs, cache_params=cache, use_cache=True)
+            finals = [cache.get_recurrent_state(k).reshape(call.batch, 1, -1)
+                      for k in range(self.num_layers)]  # (B, 1, d_inner·N) each
         ref.final = torch.cat(finals, dim=-1)[:, 0]
         diffs = [scaled_diff(f, ref.extra["parts"][k][1][:, -1:]) for k, f in enumerate(finals)]
         ref.extra["final_vs_step"] = (max(d[0] for d in diffs), max(d[1] for d in diffs))

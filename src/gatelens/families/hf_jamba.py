@@ -12,13 +12,14 @@ read from the same weights) with Jamba's three weighted RMS norms after ``x_proj
 Δ_d B_n x̂_d, y = out_proj((C · s[d, :] + D_d x̂_d) ⊙ silu(z)). The units are the (channel,
 state) pairs, the keep exp(Δ·A); the input enters s through the conv's window of d_conv.
 
-The module's own trajectory: the mixer run one token at a time through its own forward with
-transformers' own cache, primed with a zero conv window and a zero state so that every
-token, the first too, takes its decode step (``causal_conv1d_update``,
-``selective_state_update``); its whole-sequence forward (the CPU scan) is compared with it
-(``step_vs_forward``), as is the final state that scan leaves in a cache
-(``final_vs_step``). Edits (``Lens.run``) are hf-mamba's (families/official_edit.py) on the
-one layer, the mixer's output replaced in the whole model's forward.
+The states come from one whole-sequence forward (given a fresh cache, so that it leaves its
+final state too; ``final_vs_step``), read as FalconMamba's are (hf_falcon_mamba.normed_scan:
+the package's sequential scan replayed on what x_proj, the norms and in_proj returned, its
+output against the mixer's as ``step_vs_forward``). A mixer on a fused kernel is read on its
+decode path: its own forward one token at a time with transformers' own cache, primed with
+a zero conv window and state (``causal_conv1d_update``, ``selective_state_update``). Edits
+(``Lens.run``) are hf-mamba's (families/official_edit.py) on the one layer, the mixer's
+output replaced in the whole model's forward.
 
 >>> import torch
 >>> from transformers import JambaConfig, JambaForCausalLM
@@ -43,9 +44,9 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
-from gatelens.families.hf_falcon_mamba import rms
+from gatelens.families.hf_falcon_mamba import normed_hooks, normed_path, normed_scan, rms
 from gatelens.families.hf_mamba import MambaCell
-from gatelens.families.official import OfficialFamily, scaled_diff
+from gatelens.families.official import OfficialFamily, Recorder, conv_buffer, scaled_diff
 
 _HF = "transformers.models.jamba.modeling_jamba"
 
@@ -136,12 +137,31 @@ class HFJambaFamily(MambaCell):
         return {"x": [x], "u": [x], "y": [y], "xo": [y], "aux": [None], "output": y,
                 "parts": [[torch.cat(p, dim=1) for p in zip(*carried, strict=True)]]}
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """Every state from one whole-sequence forward (given a fresh cache so that it
+        leaves its final state too), read by hf_falcon_mamba.normed_scan; None where the
+        mixer runs a fused kernel."""
+        mix = self.module
+        if not normed_path(mix):
+            return None
+        cache = self._cache(call.batch, call.inputs, primed=False)
+        with Recorder(normed_hooks(mix, 0)) as rec:
+            output = mix(call.inputs, cache_params=cache)
+        sig, x, s, gap = normed_scan(mix, rec, 0)
+        final = self._carried(cache, call.batch)[1][:, 0]
+        return {"x": [call.inputs], "u": [call.inputs], "y": [output], "xo": [output],
+                "parts": [[conv_buffer(x, self.d_conv), s]], "aux": [None], "output": output,
+                "own": [{**sig, "final": final}], "step_vs_forward": gap}
+
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)
-        with torch.no_grad():
-            cache = self._cache(call.batch, call.inputs, primed=False)
-            self.module(call.inputs, cache_params=cache)  # the whole-sequence scan
-        final = self._carried(cache, call.batch)[1]  # (B, 1, S)
+        if ref.extra["own"] is not None:  # the whole-sequence scan's, from the same forward
+            final = ref.extra["own"][0].pop("final")[:, None]
+        else:
+            with torch.no_grad():
+                cache = self._cache(call.batch, call.inputs, primed=False)
+                self.module(call.inputs, cache_params=cache)  # the whole-sequence scan
+            final = self._carried(cache, call.batch)[1]  # (B, 1, S)
         ref.final = final[:, 0]
         ref.extra["final_vs_step"] = scaled_diff(final, ref.extra["parts"][0][1][:, -1:])
         return ref

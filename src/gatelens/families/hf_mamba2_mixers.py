@@ -21,14 +21,16 @@ groups of the inner width. Their differences, as their forwards take them:
   (``norm_before_gate`` either way), y ⊙ silu(g) otherwise. ``ssm_out_multiplier`` scales
   the mixer's output outside it, in the decoder layer (a link of the model, not of the cell).
 
-The units are the heads (one decay a head for head_dim × state entries of s). The module's
-own trajectory: the mixer run one token at a time through its own forward with
-transformers' own cache (its decode path: ``causal_conv1d_update`` and
-``mamba2_selective_state_update``, which takes no Δ clamp, so the family takes none),
-started from a zero conv window and a zero state so that every token takes that step;
-the whole-sequence forward (the chunked ``mamba2_chunk_scan``, chunk_size tokens a chunk)
-is compared with it (``step_vs_forward``), as is the final state the chunked path leaves in
-a cache (``final_vs_step``). The input enters s through the conv's window of d_conv tokens.
+The units are the heads (one decay a head for head_dim × state entries of s); the input
+enters s through the conv's window of d_conv tokens. The states come from one
+whole-sequence forward (the chunked ``mamba2_chunk_scan``, chunk_size tokens a chunk, given
+a fresh cache so that it leaves its final state): hooks on in_proj, the package's own
+convolution on what it returned, and the decode step's recurrence
+(``mamba2_selective_state_update``, which takes no Δ clamp, so the family takes none)
+replayed on it (hf_mamba2.mamba2_replay); the chunked output against the replay is
+``step_vs_forward``, the chunked final state ``final_vs_step``. A mixer on a fused kernel is
+read on its decode path: its own forward one token at a time with transformers' own cache
+(``causal_conv1d_update`` and the same decode step), from a zero conv window and state.
 
 >>> import torch
 >>> from transformers import BambaConfig, BambaForCausalLM
@@ -52,8 +54,15 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
-from gatelens.families.hf_mamba2 import MAMBA2, mamba2_scan, mamba2_step
-from gatelens.families.official import OfficialFamily, buffer_units, scaled_diff
+from gatelens.families.delta_scan import prompt_conv, torch_path
+from gatelens.families.hf_mamba2 import MAMBA2, mamba2_replay, mamba2_scan, mamba2_step
+from gatelens.families.official import (
+    OfficialFamily,
+    Recorder,
+    buffer_units,
+    conv_buffer,
+    scaled_diff,
+)
 
 _M = "transformers.models."
 #: the mixer classes opened, by module path (transformers stays unimported until one is)
@@ -198,12 +207,46 @@ class HFMamba2MixerFamily(OfficialFamily):
         return {"x": [x], "u": [x], "y": [y], "xo": [y], "aux": [None], "output": y,
                 "parts": [[torch.cat(z, dim=1) for z in zip(*carried, strict=True)]]}
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """Every state from one whole-sequence forward (the chunked prefill, given a fresh
+        cache so that it leaves its final state too): hooks on in_proj and on the gated norm
+        (or, FalconH1 without it, out_proj), the file's own ``causal_conv1d_fn`` on what
+        in_proj returned (× FalconH1's ``mup_vector``, as its forward), and the decode step's
+        recurrence replayed on it (hf_mamba2.mamba2_replay: the file's
+        ``mamba2_selective_state_update`` is Mamba-2's). The chunked scan's output against
+        the replay's is ``step_vs_forward`` (Zamba2's and NemotronH's Δ clamp, which only
+        their chunked path applies, shows there as it did against the decode path)."""
+        mix = self.module
+        if not torch_path(mix, ("causal_conv1d_fn", "mamba2_chunk_scan",
+                                "mamba2_selective_state_update")):
+            return None
+        normed = not self._falcon or bool(mix.mamba_rms_norm)
+        mods = {"in": mix.in_proj, "norm" if normed else "out": mix.norm if normed else
+                mix.out_proj}
+        cache = self._cache(call.batch, call.inputs, primed=False)
+        with Recorder(mods) as rec:
+            output = self.module(hidden_states=call.inputs, cache_params=cache)
+        zxbcdt = rec.stacked("in", outputs=True)  # (B, T, inner + conv_dim + heads)
+        if self._falcon:
+            zxbcdt = zxbcdt * mix.mup_vector
+        gate, xbc, _ = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)
+        sig, s, y = mamba2_replay(mix, zxbcdt, prompt_conv(mix, xbc))
+        gap = scaled_diff(y, rec.stacked("norm")) if normed else \
+            scaled_diff(y * F.silu(gate), rec.stacked("out"))
+        final = self._carried(cache)[1][:, 0]
+        return {"x": [call.inputs], "u": [call.inputs], "y": [output], "xo": [output],
+                "parts": [[conv_buffer(xbc, self.shape[3]), s]], "aux": [None],
+                "output": output, "own": [{**sig, "final": final}], "step_vs_forward": gap}
+
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)
-        with torch.no_grad():
-            cache = self._cache(call.batch, call.inputs, primed=False)
-            self.module(hidden_states=call.inputs, cache_params=cache)  # the chunked prefill
-        final = self._carried(cache)[1]  # (B, 1, S)
+        if ref.extra["own"] is not None:  # the chunked prefill's, from the same forward
+            final = ref.extra["own"][0].pop("final")[:, None]
+        else:
+            with torch.no_grad():
+                cache = self._cache(call.batch, call.inputs, primed=False)
+                self.module(hidden_states=call.inputs, cache_params=cache)  # chunked prefill
+            final = self._carried(cache)[1]  # (B, 1, S)
         ref.final = final[:, 0]
         ref.extra["final_vs_step"] = scaled_diff(final, ref.extra["parts"][0][1][:, -1:])
         return ref

@@ -6,10 +6,12 @@ head). Its mixer's forward bypasses ``dt_proj`` as a module (it multiplies by th
 so the cell is recomputed from the weights, with its optional ``inner_layernorms`` on Δ, B,
 C applied by the mixer's own ``_apply_layernorms``. Its mixer class is named
 ``MambaBlock`` like transformers' block, so families test classes by module path. The
-module's own trajectory: its ``step`` path (``ResidualBlock.step``: ``mixer.step`` on the
-norm, with the cache (s, the convolution's inputs) passed along), run here layer by layer so
-each layer's input and output are kept; the whole-sequence forward (pscan or its sequential
-scan) is compared with it (``step_vs_forward``). mambapy 1.2.0's ``mambapy.lm`` (its
+states come from one whole-sequence forward: hooks on the projections, and the step path's
+arithmetic (``mambapy_replay``: ``ssm_step`` along the window) on what they returned; the
+forward's own scan (pscan or its sequential loop) against it is ``step_vs_forward``. With
+``use_cuda`` (its fused scan) the step path itself is read (``ResidualBlock.step``:
+``mixer.step`` on the norm, the cache (s, the convolution's inputs) passed along), layer by
+layer so each layer's input and output are kept. mambapy 1.2.0's ``mambapy.lm`` (its
 ``MambaLM``) imports ``mamba_ssm``, a CUDA-only package, at import time, so on the CPU the
 stack is used inside a model of one's own; the family never imports ``mambapy.lm``.
 
@@ -24,10 +26,13 @@ True
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelens.families.base import Call
+from gatelens.families.forward_scan import linear_scan
 from gatelens.families.hf_mamba import MambaCell
+from gatelens.families.official import Recorder, conv_buffer, scaled_diff
 from gatelens.families.recipe import Recipe
 
 
@@ -89,8 +94,60 @@ class MambapyFamily(MambaCell):
                 "parts": [[seq["buf"][k], seq["s"][k]] for k in range(L)],
                 "aux": [None] * L, "output": torch.stack(outs, dim=1)}
 
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """Every state from one whole-sequence forward: hooks on each layer, its mixer,
+        in_proj, x_proj and out_proj, and the step path's arithmetic (``mambapy_replay``) on
+        what they returned; the forward's own scan (pscan, or its sequential loop) against
+        it is ``step_vs_forward``. None with ``use_cuda`` (the fused CUDA scan)."""
+        if self.module.config.use_cuda:
+            return None
+        L, mods = self.num_layers, {}
+        for k, layer in enumerate(self.module.layers):
+            mods.update({f"{n}{k}": mod for n, mod in (
+                ("layer", layer), ("mixer", layer.mixer), ("in", layer.mixer.in_proj),
+                ("xp", layer.mixer.x_proj), ("out", layer.mixer.out_proj))})
+        with Recorder(mods) as rec:
+            output = self._forward(call)
+        parts, own, gap = [], [], (0.0, 0.0)
+        for k, mix in enumerate(self.mixers(self.module)):
+            x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # (B, T, ED) each
+            sig, s, y = mambapy_replay(mix, rec.stacked(f"xp{k}"),
+                                       rec.stacked(f"xp{k}", outputs=True), z)
+            d = scaled_diff(y, rec.stacked(f"out{k}"))
+            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            parts.append([conv_buffer(x, self.d_conv), s])
+            own.append(sig)
+        got = {n: [rec.stacked(f"{m}{k}", outputs=o) for k in range(L)]
+               for n, m, o in (("x", "layer", False), ("u", "mixer", False),
+                               ("y", "mixer", True), ("xo", "layer", True))}
+        return {**got, "parts": parts, "aux": [None] * L, "output": output, "own": own,
+                "step_vs_forward": gap}
+
     def pre(self, k, m, x):
         return m.layers[k].norm(x)
 
     def post(self, k, m, x, y):
         return x + y
+
+
+@torch.no_grad()
+def mambapy_replay(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor
+                   ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """mambapy's ``MambaBlock.ssm_step`` (its decode step) along a whole window, from what the
+    forward's x_proj received (x̂ (B, T, ED), the activated convolution) and returned
+    (``xproj``), with its own operations: its inner norms, Δ = softplus(dt_proj(δ)) (the
+    step calls dt_proj as a module, where the forward multiplies by its weight), then
+    h = exp(Δ A) h + (Δ B) x̂ (forward_scan.linear_scan, time-major), y = h C + D x̂.
+    Returns Δ (B, T, ED) and the keep a (B, T, ED·N), h (B, T, ED·N), and y ⊙ silu(z), the
+    figure the forward's own output before out_proj is compared with."""
+    N, rank = mix.A_log.shape[1], mix.dt_proj.weight.shape[1]
+    delta, B, C = torch.split(xproj.transpose(0, 1), [rank, N, N], dim=-1)  # (T, B, ·)
+    delta, B, C = mix._apply_layernorms(delta, B, C)
+    delta = F.softplus(mix.dt_proj(delta))  # (T, B, ED)
+    A = -torch.exp(mix.A_log.float())  # (ED, N)
+    x = xh.transpose(0, 1)
+    a = torch.exp(delta.unsqueeze(-1) * A)  # (T, B, ED, N)
+    s = linear_scan(a, (delta.unsqueeze(-1) * B.unsqueeze(2)) * x.unsqueeze(-1))
+    y = (s @ C.unsqueeze(-1)).squeeze(-1) + mix.D.float() * x  # (T, B, ED)
+    sig = {"delta": delta.transpose(0, 1), "a": a.transpose(0, 1).flatten(2)}
+    return sig, s.transpose(0, 1).flatten(2), (y * F.silu(z.transpose(0, 1))).transpose(0, 1)

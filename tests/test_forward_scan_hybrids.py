@@ -1,0 +1,125 @@
+"""Per-token states of the hybrids' Mamba layers read from ONE whole-sequence forward: the
+Mamba-2 mixers of Bamba, Zamba2, FalconH1 (μP multipliers; with and without its gated norm),
+GraniteMoeHybrid and NemotronH (hf_mamba2.mamba2_replay on what in_proj returned), Jamba's
+and FalconMamba's Mamba-1 mixers (the sequential scan replayed on what x_proj and the three
+norms returned) and mambapy (its step's arithmetic on its forward's projections). Each
+against the package's decode path state by state, its forward's output and final state."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from gatelens.families.hf_falcon_mamba import HFFalconMambaFamily
+from gatelens.families.hf_jamba import HFJambaFamily
+from gatelens.families.hf_mamba2_mixers import HFMamba2MixerFamily
+from gatelens.families.official import scaled_diff
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
+from official_models import mambapy_stack  # noqa: E402
+from test_family_mamba2_hybrids import MODELS, _falcon_h1, _spread  # noqa: E402
+
+D, B, T = 16, 2, 12
+
+
+@pytest.fixture(autouse=True)
+def _quiet(one_thread):
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=".*deprecated.*")
+
+
+def _x(length: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randn(B, length, D, generator=torch.Generator().manual_seed(seed))
+
+
+def _mixer(kind: str, **settings) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = _spread(_falcon_h1(**settings) if kind == "falcon_h1" else MODELS[kind][0]())
+    path = MODELS[kind][1][0]
+    return model.get_submodule(path)
+
+
+def _checked(fam, call, final: bool = True):
+    """The reference read from the forward, against the decode path and the forward."""
+    ref = fam.reference(call)
+    assert ref.extra["own"] is not None
+    with torch.no_grad():
+        decode, forward = fam._trajectory(call), fam._forward(call)
+    assert torch.equal(ref.output, forward)  # the module's own output, its cache or not
+    for k in range(fam.num_layers):
+        for i in (0, 1):  # the conv buffer and s, state by state
+            assert scaled_diff(ref.extra["parts"][k][i], decode["parts"][k][i])[1] <= 1e-5
+    assert ref.extra["step_vs_forward"][1] <= 1e-5
+    if final:
+        assert ref.extra["final_vs_step"][1] <= 1e-5
+    assert max(r.max_scaled_diff_h for r in fam.one_step(call, ref)) <= 1e-5
+    return ref
+
+
+@pytest.mark.parametrize("kind,settings", [
+    ("bamba", {}), ("zamba2", {}), ("falcon_h1", {}), ("falcon_h1", {"mamba_rms_norm": False}),
+    ("granitemoehybrid", {}), ("nemotron_h", {})])
+def test_mamba2_mixer_states_from_the_forward_follow_the_decode_step(kind, settings):
+    fam = HFMamba2MixerFamily(_mixer(kind, **settings))
+    ref = _checked(fam, fam.check(_x()))
+    assert ref.extra["step_vs_forward"][1] > 0  # the chunked scan, not the step's rounding
+
+
+def _jamba_mixer() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _spread(transformers.JambaForCausalLM(transformers.JambaConfig(
+        vocab_size=11, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, num_experts=1, attn_layer_period=2,
+        attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=3,
+        mamba_dt_rank=2))).model.layers[0].mamba
+
+
+def test_jamba_and_falcon_mamba_states_are_their_sequential_scans():
+    torch.manual_seed(0)
+    falcon = _spread(transformers.FalconMambaModel(transformers.FalconMambaConfig(
+        vocab_size=11, hidden_size=D, state_size=4, num_hidden_layers=2, expand=2,
+        conv_kernel=3, time_step_rank=2)))
+    for fam in (HFJambaFamily(_jamba_mixer()), HFFalconMambaFamily(falcon)):
+        ref = _checked(fam, fam.check(_x()))
+        assert ref.extra["final_vs_step"] == (0.0, 0.0)  # the scan's own final state
+
+
+def test_mambapy_states_from_its_forward_follow_its_step():
+    fam, make = mambapy_stack(layers=2)
+    ref = _checked(fam, make(0), final=False)
+    assert ref.extra["step_vs_forward"][1] > 0  # its parallel scan, not the step's rounding
+
+
+def test_a_replay_that_is_off_is_seen(monkeypatch):
+    """The keep off by 1e-3 relative in each replay: the module's own output parts from it
+    (step_vs_forward) and the one-step check fails."""
+    from gatelens.families import forward_scan, hf_mamba, hf_mamba2, mambapy
+
+    def off(a, b):
+        return forward_scan.linear_scan(a * (1 + 1e-3), b)
+
+    for where in (hf_mamba, hf_mamba2, mambapy):
+        monkeypatch.setattr(where, "linear_scan", off)
+    fam_py, make = mambapy_stack(layers=1)
+    for fam, call in ((HFMamba2MixerFamily(_mixer("bamba")), None),
+                      (HFJambaFamily(_jamba_mixer()), None), (fam_py, make(1))):
+        call = call or fam.check(_x())
+        ref = fam.reference(call)
+        assert ref.extra["step_vs_forward"][1] > 1e-4
+        assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4
+
+
+def test_the_default_trace_is_the_modules_own():
+    import gatelens
+
+    for mod in (_mixer("bamba"), _jamba_mixer()):
+        own = gatelens.trace(mod, _x())
+        hand = gatelens.trace(mod, _x(), method="anchored")
+        assert own.meta["method"] == "own" and list(own) == list(hand)
+        for name in own:
+            assert scaled_diff(own[name], hand[name])[1] <= 1e-5, name
