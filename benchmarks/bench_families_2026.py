@@ -1,15 +1,20 @@
-"""The 2026 families side by side: the cost of reading every per-token state (the whole
-model under ``open_cells``) against the model's own forward, in one process, and each
-family's one-step error.
+"""The 2026 families side by side: the cost of reading every per-token state against the
+model's own forward, in one process, and each family's one-step error.
 
 Every model is a transformers model built from its config with random weights (the
 package's own initialisation), two recurrent layers of width --hidden (attention or MLP
 layers where the architecture puts them), run on B windows of T tokens in float32 on the
-CPU. Timed: the best of --repeats of the model's forward, and of the same forward inside
-``open_cells`` (each recurrent layer's reference: its decode path one token at a time,
-its prompt path, and the anchored float64 read of its hand cell). The ratio is what the
-issue's "trace ≤ 2× the forward" asks of; RWKV-7 has its own script (bench_rwkv7.py: the
-package builds its model from a checkpoint file).
+CPU. Timed (the best of --repeats, CPU seconds of this process, ``time.process_time``):
+
+- the model's forward, and the same forward inside ``open_cells`` (the model runs, then
+  each opened module's reference re-runs that module: its whole-sequence forward with the
+  states replayed from it where the family reads them so, else its decode path one token
+  at a time; then the module's own values, or the anchored float64 read of its hand cell);
+- each opened module's own forward on its input, and ``gatelens.trace`` of that module
+  (what the issue's "trace ≤ 2× the forward" asks of), summed over the opened modules.
+
+RWKV-7 has its own script (bench_rwkv7.py: the package builds its model from a checkpoint
+file).
 
     python benchmarks/bench_families_2026.py --hidden 256 --length 128
 """
@@ -26,9 +31,9 @@ import torch
 def _best(fn, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 
@@ -79,8 +84,9 @@ def models(d: int, V: int) -> dict:
     }
 
 
-def measure(model, ids, repeats: int) -> tuple[float, float, int, float]:
-    """(forward seconds, traced seconds, recurrent layers opened, worst one-step error)."""
+def measure(model, ids, repeats: int) -> dict:
+    """The model's forward and ``open_cells`` seconds, the opened modules' own forwards and
+    traces (summed), how many modules were opened, how they were read, the worst one-step."""
     import gatelens
     from gatelens.readout.hooks import open_cells
 
@@ -93,8 +99,9 @@ def measure(model, ids, repeats: int) -> tuple[float, float, int, float]:
             return cache
 
         whole = _best(traced, repeats)
+        methods = sorted({t[0].meta.get("method") for t in traced().traces.values()})
     lens = gatelens.Lens(model, vocab=int(model.config.vocab_size))
-    worst = 0.0
+    worst, own, trace = 0.0, 0.0, 0.0
     for fam in lens.families.values():
         feats = {}
 
@@ -105,9 +112,13 @@ def measure(model, ids, repeats: int) -> tuple[float, float, int, float]:
             model(ids, use_cache=False)
         h.remove()
         call = fam.check(feats["x"])
+        with torch.no_grad():
+            own += _best(lambda fam=fam, call=call: fam._forward(call), repeats)
+            trace += _best(lambda fam=fam, x=feats["x"]: gatelens.trace(fam.module, x), repeats)
         ref = fam.reference(call)
         worst = max([worst] + [r.max_scaled_diff_h for r in fam.one_step(call, ref)])
-    return forward, whole, len(lens.families), worst
+    return {"forward": forward, "whole": whole, "n": len(lens.families), "worst": worst,
+            "own": own, "trace": trace, "method": "/".join(methods)}
 
 
 def main() -> None:
@@ -115,8 +126,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--length", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="names containing this text")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -126,9 +137,9 @@ def main() -> None:
     transformers.utils.logging.set_verbosity_error()
     V = 256
     print(f"hidden {args.hidden}, B = {args.batch}, T = {args.length}, float32, "
-          f"{args.threads} threads; best of {args.repeats}")
-    print(f"{'family':34s} {'layers':>6s} {'forward s':>10s} {'traced s':>9s} "
-          f"{'ratio':>6s} {'one-step':>9s}")
+          f"{args.threads} threads; CPU seconds, best of {args.repeats}")
+    print(f"{'family':34s} {'layers':>6s} {'forward':>8s} {'traced':>8s} {'ratio':>6s} "
+          f"{'module':>8s} {'trace':>8s} {'ratio':>6s} {'read':>8s} {'one-step':>9s}")
     for name, build in models(args.hidden, V).items():
         if args.only not in name:
             continue
@@ -136,9 +147,10 @@ def main() -> None:
         model = build().eval()
         ids = torch.randint(0, V, (args.batch, args.length),
                             generator=torch.Generator().manual_seed(1))
-        forward, whole, n, worst = measure(model, ids, args.repeats)
-        print(f"{name:34s} {n:6d} {forward:10.3f} {whole:9.3f} "
-              f"{whole / forward:6.1f} {worst:9.2e}", flush=True)
+        r = measure(model, ids, args.repeats)
+        print(f"{name:34s} {r['n']:6d} {r['forward']:8.3f} {r['whole']:8.3f} "
+              f"{r['whole'] / r['forward']:6.1f} {r['own']:8.3f} {r['trace']:8.3f} "
+              f"{r['trace'] / r['own']:6.1f} {r['method']:>8s} {r['worst']:9.2e}", flush=True)
 
 
 if __name__ == "__main__":

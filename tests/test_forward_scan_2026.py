@@ -58,19 +58,30 @@ def _layer(kind: str) -> torch.nn.Module:
             kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
             linear_num_heads=2, linear_head_dim=8, linear_conv_kernel_dim=3,
             mlp_layer_types=["dense", "dense"], pad_token_id=0)
-        return _spread(transformers.KimiLinearForCausalLM(cfg)).model.layers[0].self_attn
+        return _kept(_spread(transformers.KimiLinearForCausalLM(cfg)), "model.layers.0.self_attn")
     if kind == "olmo_hybrid":
         cfg = transformers.OlmoHybridConfig(**common, **LINEAR, intermediate_size=2 * D,
                                             num_attention_heads=2, num_key_value_heads=1,
                                             pad_token_id=0)
-        return _spread(transformers.OlmoHybridForCausalLM(cfg)).model.layers[0].linear_attn
+        return _kept(_spread(transformers.OlmoHybridForCausalLM(cfg)), "model.layers.0.linear_attn")
     config, model = {"qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
                      "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")}[kind]
     extra = {"num_experts": 0} if kind == "qwen3_next" else {}
     cfg = getattr(transformers, config)(**common, **LINEAR, **extra, intermediate_size=2 * D,
                                         num_attention_heads=2, num_key_value_heads=1,
                                         head_dim=16)
-    return _spread(getattr(transformers, model)(cfg)).model.layers[0].linear_attn
+    return _kept(_spread(getattr(transformers, model)(cfg)), "model.layers.0.linear_attn")
+
+
+#: each layer the builders return -> the whole model it sits in
+WHOLE: dict[torch.nn.Module, torch.nn.Module] = {}
+
+
+def _kept(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The layer at ``path``, its whole model kept in ``WHOLE``."""
+    layer = model.get_submodule(path)
+    WHOLE[layer] = model
+    return layer
 
 
 def _family(mod):
@@ -224,7 +235,7 @@ def _gemma_layer(lru_width: int | None = None) -> torch.nn.Module:
             if not name.endswith("recurrent_param"):
                 p.add_((0.3 if "bias" in name or "norm" in name else 0.1)
                        * torch.randn(p.shape, generator=g))
-    return model.eval().model.layers[0]
+    return _kept(model.eval(), "model.layers.0")
 
 
 @pytest.mark.parametrize("lru_width", [None, 48])  # 48: the LRU wider than the model
@@ -273,3 +284,30 @@ def test_rglru_rerun_by_layer_is_the_step_by_step_one():
             by_layer, by_step = fam._rerun_by_layer(call), fam._rerun_by_step(call)
         for name, v in by_step.signals.items():
             assert scaled_diff(by_layer.signals[name], v)[1] <= 1e-6, name
+
+
+def test_open_cells_reads_the_users_own_forward():
+    """``open_cells`` on two calls of each hybrid: each opened layer runs once a call (its
+    states read from the user's own forward, no second run), and its traces hold what
+    ``gatelens.trace`` of that layer gives on the input it received, bit for bit."""
+    for layer in (_layer("qwen3_next"), _layer("kda"), _gemma_layer()):
+        model = WHOLE[layer]
+        path = next(p for p, m in model.named_modules() if m is layer)
+        ids = [torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(s))
+               for s in (5, 6)]
+        seen: list = []
+        h = layer.register_forward_pre_hook(
+            lambda m, a, kw, seen=seen: seen.append(a[0] if a else next(iter(kw.values()))),
+            with_kwargs=True)
+        try:
+            with torch.no_grad(), gatelens.open_cells(model) as cache:
+                for i in ids:
+                    model(i, use_cache=False)
+        finally:
+            h.remove()
+        assert len(seen) == 2 and len(cache.traces[path]) == 2
+        for got, x in zip(cache.traces[path], seen, strict=True):
+            want = gatelens.trace(layer, x)
+            assert got.meta["method"] == "own" and list(got) == list(want)
+            for name in want:
+                assert torch.equal(got[name], want[name]), (path, name)

@@ -96,15 +96,22 @@ def test_mambapy_states_from_its_forward_follow_its_step():
 
 
 def test_a_replay_that_is_off_is_seen(monkeypatch):
-    """The keep off by 1e-3 relative in each replay: the module's own output parts from it
-    (step_vs_forward) and the one-step check fails."""
-    from gatelens.families import forward_scan, hf_mamba, hf_mamba2, mambapy
+    """Each replay off by 1e-3 relative (the keep; the mixers' B): the module's own output
+    parts from it (step_vs_forward) and the one-step check fails."""
+    from gatelens.families import forward_scan, hf_mamba, hf_mamba2_mixers, mambapy
 
     def off(a, b):
         return forward_scan.linear_scan(a * (1 + 1e-3), b)
 
-    for where in (hf_mamba, hf_mamba2, mambapy):
+    heads = hf_mamba2_mixers._heads
+
+    def heads_off(mix, xc):
+        x, B, C = heads(mix, xc)
+        return x, B * (1 + 1e-3), C
+
+    for where in (hf_mamba, mambapy):
         monkeypatch.setattr(where, "linear_scan", off)
+    monkeypatch.setattr(hf_mamba2_mixers, "_heads", heads_off)
     fam_py, make = mambapy_stack(layers=1)
     for fam, call in ((HFMamba2MixerFamily(_mixer("bamba")), None),
                       (HFJambaFamily(_jamba_mixer()), None), (fam_py, make(1))):
@@ -123,3 +130,65 @@ def test_the_default_trace_is_the_modules_own():
         assert own.meta["method"] == "own" and list(own) == list(hand)
         for name in own:
             assert scaled_diff(own[name], hand[name])[1] <= 1e-5, name
+
+
+def test_mamba2_states_is_mamba2_replay():
+    """The mixers' faster replay gives hf_mamba2.mamba2_replay's states bit for bit (both
+    elementwise, the same operations in the same order), its Δ and keep, and its y."""
+    from gatelens.families.delta_scan import prompt_conv
+    from gatelens.families.hf_mamba2 import mamba2_replay
+    from gatelens.families.hf_mamba2_mixers import mamba2_states
+
+    mix = _mixer("bamba")
+    with torch.no_grad():
+        zxbcdt = mix.in_proj(_x())
+        xbc = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)[1]
+        xc = prompt_conv(mix, xbc)
+    (sig, s, y), (sig0, s0, y0) = mamba2_states(mix, zxbcdt, xc), mamba2_replay(mix, zxbcdt, xc)
+    assert torch.equal(s, s0) and all(torch.equal(sig[n], sig0[n]) for n in sig0)
+    assert scaled_diff(y, y0)[1] <= 1e-6
+
+
+def _users_forward_is_read(model, path: str, calls: list) -> None:
+    """``open_cells`` on two calls of ``model``: the module at ``path`` runs once a call
+    (its states read from the user's own forward, no second run), and each trace holds the
+    values ``gatelens.trace`` of that module gives on the input it received, bit for bit."""
+    import gatelens
+
+    mod, seen = model.get_submodule(path), []
+
+    def grab(m, args, kwargs):
+        seen.append(args[0] if args else next(iter(kwargs.values())))
+    h = mod.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with torch.no_grad(), gatelens.open_cells(model) as cache:
+            for call in calls:
+                call()
+    finally:
+        h.remove()
+    assert len(seen) == len(calls) == len(cache.traces[path])
+    for got, x in zip(cache.traces[path], seen, strict=True):
+        want = gatelens.trace(mod, x)
+        assert got.meta["method"] == "own" and list(got) == list(want)
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+
+
+def test_open_cells_reads_the_users_own_forward():
+    ids = [torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(s))
+           for s in (5, 6)]
+    torch.manual_seed(0)
+    bamba = _spread(MODELS["bamba"][0]())
+    _users_forward_is_read(bamba, "model.layers.0.mamba",
+                           [lambda i=i: bamba(i, use_cache=False) for i in ids])
+    jamba = _jamba_mixer()
+    _users_forward_is_read(jamba, "", [lambda s=s: jamba(_x(seed=s)) for s in (5, 6)])
+    fam, make = mambapy_stack(layers=2)
+    _users_forward_is_read(fam.module, "", [lambda s=s: fam.module(make(s).inputs)
+                                            for s in (5, 6)])
+    torch.manual_seed(0)
+    falcon = _spread(transformers.FalconMambaForCausalLM(transformers.FalconMambaConfig(
+        vocab_size=11, hidden_size=D, state_size=4, num_hidden_layers=2, expand=2,
+        conv_kernel=3, time_step_rank=2)))
+    _users_forward_is_read(falcon, "backbone",
+                           [lambda i=i: falcon(i, use_cache=False) for i in ids])

@@ -146,14 +146,14 @@ def kda_replay(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
 
 # ---- what each package's forward computed, from hooks on its module calls --------------
-def prompt_conv(layer: nn.Module, mixed: Tensor) -> Tensor:
-    """The layer's short convolution as its forward computes a prompt with a cache: the
-    file's ``causal_conv1d_fn`` on the projections (B, T, conv_dim), a window shorter than
-    the kernel left-padded with zeros first (the cache's ``update_conv_state``); the
-    activated output (B, T, conv_dim)."""
+def prompt_conv(layer: nn.Module, mixed: Tensor, cached: bool = False) -> Tensor:
+    """The layer's short convolution as its forward computes a prompt: the file's
+    ``causal_conv1d_fn`` on the projections (B, T, conv_dim); ``cached``: the forward was
+    given a cache, whose ``update_conv_state`` left-pads a window shorter than the kernel
+    with zeros first. The activated output (B, T, conv_dim)."""
     T, K = mixed.shape[1], int(layer.conv_kernel_size)
     x = mixed.transpose(1, 2)  # (B, conv_dim, T)
-    if T < K:
+    if cached and T < K:
         x = torch.nn.functional.pad(x, (K - T, 0), value=0)
     out = package_function(layer, "causal_conv1d_fn")(
         x, layer.conv1d.weight.squeeze(1), layer.conv1d.bias, activation=layer.activation)
@@ -173,10 +173,11 @@ def gdn_hooked(layer: nn.Module) -> dict[str, nn.Module]:
     return {**{n: getattr(layer, n) for n in names}, "norm": norm}
 
 
-def gdn_inputs(layer: nn.Module, out: dict[str, Tensor]
+def gdn_inputs(layer: nn.Module, out: dict[str, Tensor], cached: bool = False
                ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """(the convolution's input (B, T, conv_dim), (q, k, v, g, β) as the forward hands them
-    to the delta rule) from the hooked outputs, with the forward's own operations."""
+    to the delta rule) from the hooked outputs, with the forward's own operations
+    (``cached``: the forward was given a cache, ``prompt_conv``)."""
     if "in_proj_qkvz" in out:
         q, k, v, _, b, a = layer.fix_query_key_value_ordering(out["in_proj_qkvz"],
                                                               out["in_proj_ba"])
@@ -187,8 +188,8 @@ def gdn_inputs(layer: nn.Module, out: dict[str, Tensor]
         mixed = torch.cat([out["q_proj"], out["k_proj"], out["v_proj"]], dim=-1)
         b, a = out["b_proj"], out["a_proj"]
     B, T = mixed.shape[:2]
-    q, k, v = torch.split(prompt_conv(layer, mixed), [layer.key_dim, layer.key_dim,
-                                                layer.value_dim], dim=-1)
+    q, k, v = torch.split(prompt_conv(layer, mixed, cached),
+                          [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     beta = b.sigmoid()
     if getattr(layer, "allow_neg_eigval", False):  # OLMo Hybrid's β ∈ (0, 2)
         beta = beta * 2.0
@@ -204,13 +205,14 @@ def kda_hooked(layer: nn.Module) -> dict[str, nn.Module]:
     return {**{n: getattr(layer, n) for n in names}, "norm": layer.o_norm}
 
 
-def kda_inputs(layer: nn.Module, out: dict[str, Tensor]
+def kda_inputs(layer: nn.Module, out: dict[str, Tensor], cached: bool = False
                ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """``gdn_inputs`` for KDA: the forget gate's g (B, T, H, d) is a module's output."""
     mixed = torch.cat([out["q_proj"], out["k_proj"], out["v_proj"]], dim=-1)
     B, T = mixed.shape[:2]
     q, k, v = (x.view(B, T, -1, layer.head_dim)
-               for x in torch.split(prompt_conv(layer, mixed), [layer.qkv_dim] * 3, dim=-1))
+               for x in torch.split(prompt_conv(layer, mixed, cached), [layer.qkv_dim] * 3,
+                                    dim=-1))
     return mixed, (q, k, v, out["forget_gate"], torch.sigmoid(out["b_proj"]))
 
 
@@ -221,8 +223,9 @@ class DeltaPackage:
     #: the layer's module calls to hook, by name ("norm": the gated norm, whose input is
     #: the chunked output o)
     hooked: Callable[[nn.Module], dict[str, nn.Module]]
-    #: (the convolution's input, (q, k, v, g, β)) from the hooked modules' outputs
-    inputs: Callable[[nn.Module, dict[str, Tensor]], tuple[Tensor, tuple[Tensor, ...]]]
+    #: (the convolution's input, (q, k, v, g, β)) from the hooked modules' outputs, and
+    #: whether the forward was given a cache
+    inputs: Callable[[nn.Module, dict[str, Tensor], bool], tuple[Tensor, tuple[Tensor, ...]]]
     #: the package's recurrent step along the window (``gdn_replay``, ``kda_replay``)
     replay: Callable[..., tuple[Tensor, Tensor, dict[str, Tensor]]]
     #: the file's functions the forward and the decode path call (a fused kernel in their
@@ -237,45 +240,70 @@ KDA_PACKAGE = DeltaPackage(kda_hooked, kda_inputs, kda_replay, (
 
 
 class DeltaForward:
-    """``_forward_trajectory`` of the delta-rule families (hf_gated_deltanet.py, hf_kda.py),
-    on the family's ``layers``, ``_stack``, ``_run``, ``_cache``, ``_carried`` and ``shape``."""
+    """The delta-rule families' states from the layer's own forward (hf_gated_deltanet.py,
+    hf_kda.py): ``scan_modules`` and ``trajectory_recorded`` (``open_cells`` reads the user's
+    own forward with them), and ``_forward_trajectory``, which runs that forward with a fresh
+    cache so that it also leaves the chunked path's final state. On the family's ``layers``,
+    ``_stack``, ``_run``, ``_cache``, ``_carried`` and ``shape``."""
 
     package: DeltaPackage = GDN_PACKAGE
 
-    def _forward_trajectory(self, call):
-        """Every state from one whole-sequence forward (module docstring), the forward given
-        a fresh cache so that it also leaves the chunked path's final state (``own``'s
-        "final", for ``final_vs_step``); the chunked output against the replay's is
-        ``step_vs_forward``. None where the layer does not run the package's PyTorch code."""
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Each layer's hooked module calls (``DeltaPackage.hooked``) and the module itself
+        (a stack: its norms, layers and final norm); None where a layer does not run the
+        package's PyTorch code."""
         layers, pkg = self.layers(self.module), self.package
         if not all(torch_path(g, pkg.functions) for g in layers):
             return None
-        L, K = len(layers), self.shape[4]
         mods = {f"{k}.{n}": mod for k, g in enumerate(layers) for n, mod in pkg.hooked(g).items()}
-        if self._stack:
-            m = self.module
-            mods.update({f"{k}.{n}": mod for k in range(L)
-                         for n, mod in (("block", m.norms[k]), ("layer", layers[k]))})
-            mods["final"] = m.norm_f
+        if not self._stack:
+            return {**mods, "module": self.module}
+        m = self.module
+        mods.update({f"{k}.{n}": mod for k in range(len(layers))
+                     for n, mod in (("block", m.norms[k]), ("layer", layers[k]))})
+        return {**mods, "final": m.norm_f}
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        return self._recorded(rec, output, None)
+
+    def _forward_trajectory(self, call):
+        """Every state from one whole-sequence forward (module docstring) given a fresh
+        cache, so that it also leaves the chunked path's final state (``own``'s "final", for
+        ``final_vs_step``)."""
+        mods = self.scan_modules()
+        if mods is None:
+            return None
         cache = self._cache(call.batch, call.inputs, primed=False)
         with Recorder(mods) as rec:
             output = self._run(call.inputs, cache)
+        return self._recorded(rec, output, cache)
+
+    def _recorded(self, rec: Recorder, output: Tensor, cache) -> dict:
+        """The trajectory from a recorded forward: per layer the package's convolution and
+        gates on what the projections returned, its recurrent step replayed on them, the
+        chunked output (the gated norm's input) against the replay's (``step_vs_forward``);
+        ``cache``: the one the forward was given (None: it had none)."""
+        layers, pkg = self.layers(self.module), self.package
+        L, K = len(layers), self.shape[4]
         parts, own, gap = [], [], (0.0, 0.0)
         for k, g in enumerate(layers):
             mixed, args = pkg.inputs(g, {n: rec.stacked(f"{k}.{n}", outputs=True)
-                                         for n in pkg.hooked(g) if n != "norm"})
+                                         for n in pkg.hooked(g) if n != "norm"},
+                                     cache is not None)
             S, o, sig = pkg.replay(*args, package_function(g, "l2norm"))
             d = scaled_diff(o, rec.stacked(f"{k}.norm").view(o.shape))  # chunked vs replay
             gap = (max(gap[0], d[0]), max(gap[1], d[1]))
             parts.append([conv_buffer(mixed, K), S])
-            final = self._carried(cache.layers[g.layer_idx])[1][:, 0]
-            own.append({**{n: v.to(call.inputs.dtype) for n, v in sig.items()}, "final": final})
+            own.append({n: v.to(output.dtype) for n, v in sig.items()})
+            if cache is not None:
+                own[-1]["final"] = self._carried(cache.layers[g.layer_idx])[1][:, 0]
         if self._stack:
             x = [rec.stacked(f"{k}.block") for k in range(L)]
             u = [rec.stacked(f"{k}.block", outputs=True) for k in range(L)]
             y = [rec.stacked(f"{k}.layer", outputs=True) for k in range(L)]
             xo = x[1:] + [rec.stacked("final")]
         else:
-            x, u, y, xo = [call.inputs], [call.inputs], [output], [output]
+            x = u = [rec.stacked("module")]
+            y = xo = [output]
         return {"x": x, "u": u, "y": y, "xo": xo, "parts": parts, "aux": [None] * L,
                 "output": output, "own": own, "step_vs_forward": gap}

@@ -97,28 +97,45 @@ class HFFalconMambaFamily(HFMambaFamily):
         eps = float(mixer.rms_eps)
         return rms(dt, eps), rms(B, eps), rms(C, eps)
 
-    def _forward_trajectory(self, call: Call) -> dict | None:
-        """Every state from one whole-sequence forward (given a fresh cache so that it
-        leaves its final state too), each mixer read by ``normed_scan``; None where a mixer
-        runs a fused kernel."""
-        from transformers import DynamicCache
-
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Each block, its mixer and the module calls ``normed_scan`` reads; None where a
+        mixer runs a fused kernel."""
         if not all(normed_path(mix) for mix in self.mixers(self.module)):
             return None
-        L, mods = self.num_layers, {}
+        mods: dict[str, nn.Module] = {}
         for k, block in enumerate(self.module.layers):
             mods.update({f"block{k}": block, f"mixer{k}": block.mixer,
                          **normed_hooks(block.mixer, k)})
+        return mods
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        return self._recorded(rec, output, None)
+
+    def _forward_trajectory(self, call: Call) -> dict | None:
+        """``trajectory_recorded`` of the whole-sequence forward given a fresh cache, so that
+        it leaves its final states too (``own``'s "final", ``final_vs_step``)."""
+        from transformers import DynamicCache
+
+        mods = self.scan_modules()
+        if mods is None:
+            return None
         cache = DynamicCache(config=self.module.config)
         with Recorder(mods) as rec:
             output = self.module(inputs_embeds=call.inputs, cache_params=cache,
                                  use_cache=True).last_hidden_state
+        return self._recorded(rec, output, cache)
+
+    def _recorded(self, rec: Recorder, output: Tensor, cache) -> dict:
+        """Each mixer's states by ``normed_scan``; ``cache``: the forward's, or None."""
+        L = self.num_layers
         parts, own, gap = [], [], (0.0, 0.0)
         for k, mix in enumerate(self.mixers(self.module)):
             sig, x, s, d = normed_scan(mix, rec, k)
             gap = (max(gap[0], d[0]), max(gap[1], d[1]))
             parts.append([conv_buffer(x, self.d_conv), s])
-            own.append({**sig, "final": cache.get_recurrent_state(k).reshape(call.batch, -1)})
+            if cache is not None:
+                sig["final"] = cache.get_recurrent_state(k).reshape(output.shape[0], -1)
+            own.append(sig)
         got = {n: [rec.stacked(f"{m}{k}", outputs=o) for k in range(L)]
                for n, m, o in (("x", "block", False), ("u", "mixer", False),
                                ("y", "mixer", True), ("xo", "block", True))}

@@ -137,21 +137,34 @@ class HFJambaFamily(MambaCell):
         return {"x": [x], "u": [x], "y": [y], "xo": [y], "aux": [None], "output": y,
                 "parts": [[torch.cat(p, dim=1) for p in zip(*carried, strict=True)]]}
 
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """The mixer and the module calls ``normed_scan`` reads; None on a fused kernel."""
+        return {**normed_hooks(self.module, 0), "module": self.module} \
+            if normed_path(self.module) else None
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        return self._recorded(rec, output, None)
+
     def _forward_trajectory(self, call: Call) -> dict | None:
-        """Every state from one whole-sequence forward (given a fresh cache so that it
-        leaves its final state too), read by hf_falcon_mamba.normed_scan; None where the
-        mixer runs a fused kernel."""
-        mix = self.module
-        if not normed_path(mix):
+        """``trajectory_recorded`` of the whole-sequence forward given a fresh cache, so that
+        it leaves its final state too (``own``'s "final", ``final_vs_step``)."""
+        mods = self.scan_modules()
+        if mods is None:
             return None
         cache = self._cache(call.batch, call.inputs, primed=False)
-        with Recorder(normed_hooks(mix, 0)) as rec:
-            output = mix(call.inputs, cache_params=cache)
-        sig, x, s, gap = normed_scan(mix, rec, 0)
-        final = self._carried(cache, call.batch)[1][:, 0]
-        return {"x": [call.inputs], "u": [call.inputs], "y": [output], "xo": [output],
+        with Recorder(mods) as rec:
+            output = self.module(call.inputs, cache_params=cache)
+        return self._recorded(rec, output, cache)
+
+    def _recorded(self, rec: Recorder, output: Tensor, cache) -> dict:
+        """The states by hf_falcon_mamba.normed_scan; ``cache``: the forward's, or None."""
+        sig, x, s, gap = normed_scan(self.module, rec, 0)
+        if cache is not None:
+            sig["final"] = self._carried(cache, output.shape[0])[1][:, 0]
+        inputs = rec.stacked("module")
+        return {"x": [inputs], "u": [inputs], "y": [output], "xo": [output],
                 "parts": [[conv_buffer(x, self.d_conv), s]], "aux": [None], "output": output,
-                "own": [{**sig, "final": final}], "step_vs_forward": gap}
+                "own": [sig], "step_vs_forward": gap}
 
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)

@@ -270,28 +270,28 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
                 "parts": [[torch.cat(convs[k], 1), torch.cat(states[k], 1)] for k in range(L)],
                 "aux": [reset] * L, "output": output}
 
-    def _forward_trajectory(self, call: Call) -> dict | None:
-        """Every state from one whole-sequence forward (module docstring), hooks on each
-        block's linear_x (the convolution's input), RG-LRU, temporal and residual block;
-        None where a block or its RG-LRU runs another forward than the package's."""
-        layers, B, T = self.layers(self.module), call.batch, call.length
-        blocks = [layer.temporal_block for layer in layers]
-        if not all(torch_path(m, ()) for b in blocks for m in (b, b.rg_lru)):
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Each block, its linear_x, RG-LRU and temporal block; None on another forward."""
+        layers = self.layers(self.module)
+        if not all(torch_path(m, ()) for lay in layers for m in (lay.temporal_block,
+                                                               lay.temporal_block.rg_lru)):
             return None
-        mods = {f"{n}{k}": mod for k, (layer, b) in enumerate(zip(layers, blocks, strict=True))
-                for n, mod in (("layer", layer), ("block", b), ("lx", b.linear_x),
-                               ("lru", b.rg_lru))}
-        with Recorder(mods) as rec:
-            output = self._forward(call)
-        reset = torch.arange(T, device=call.inputs.device)[None, :, None] == 0  # position 0
+        return {f"{n}{k}": mod for k, lay in enumerate(layers) for n, mod in (
+            ("layer", lay), ("block", lay.temporal_block),
+            ("lx", lay.temporal_block.linear_x), ("lru", lay.temporal_block.rg_lru))}
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        """Each RG-LRU's scan replayed on its input (``rglru_replay``) against its output."""
+        L, (B, T) = self.num_layers, rec.stacked("lru0").shape[:2]
+        reset = torch.arange(T, device=output.device)[None, :, None] == 0  # position 0
         parts, own, gap = [], [], (0.0, 0.0)
-        for k, b in enumerate(blocks):
-            sig, s = rglru_replay(b.rg_lru, rec.stacked(f"lru{k}"), reset)
+        for k, layer in enumerate(self.layers(self.module)):
+            sig, s = rglru_replay(layer.temporal_block.rg_lru, rec.stacked(f"lru{k}"), reset)
             d = scaled_diff(s, rec.stacked(f"lru{k}", outputs=True))
             gap = (max(gap[0], d[0]), max(gap[1], d[1]))
             parts.append([conv_buffer(rec.stacked(f"lx{k}", outputs=True), self.d_conv), s])
-            own.append({n: v.to(call.inputs.dtype) for n, v in sig.items()})
-        L, aux = len(layers), reset.expand(B, T, 1).to(call.inputs.dtype)
+            own.append({n: v.to(output.dtype) for n, v in sig.items()})
+        aux = reset.expand(B, T, 1).to(output.dtype)
         got = {n: [rec.stacked(f"{m}{k}", outputs=o) for k in range(L)]
                for n, m, o in (("x", "layer", False), ("u", "block", False),
                                ("y", "block", True), ("xo", "layer", True))}

@@ -94,20 +94,24 @@ class MambapyFamily(MambaCell):
                 "parts": [[seq["buf"][k], seq["s"][k]] for k in range(L)],
                 "aux": [None] * L, "output": torch.stack(outs, dim=1)}
 
-    def _forward_trajectory(self, call: Call) -> dict | None:
-        """Every state from one whole-sequence forward: hooks on each layer, its mixer,
-        in_proj, x_proj and out_proj, and the step path's arithmetic (``mambapy_replay``) on
-        what they returned; the forward's own scan (pscan, or its sequential loop) against
-        it is ``step_vs_forward``. None with ``use_cuda`` (the fused CUDA scan)."""
+    def scan_modules(self) -> dict[str, nn.Module] | None:
+        """Each layer, its mixer, in_proj, x_proj and out_proj, whose calls in one
+        whole-sequence forward give every state (``mambapy_replay``); None with
+        ``use_cuda`` (the fused CUDA scan)."""
         if self.module.config.use_cuda:
             return None
-        L, mods = self.num_layers, {}
+        mods: dict[str, nn.Module] = {}
         for k, layer in enumerate(self.module.layers):
             mods.update({f"{n}{k}": mod for n, mod in (
                 ("layer", layer), ("mixer", layer.mixer), ("in", layer.mixer.in_proj),
                 ("xp", layer.mixer.x_proj), ("out", layer.mixer.out_proj))})
-        with Recorder(mods) as rec:
-            output = self._forward(call)
+        return mods
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        """The step path's arithmetic (``mambapy_replay``) on what each layer's projections
+        returned; the forward's own scan (pscan, or its sequential loop) against it is
+        ``step_vs_forward``."""
+        L = self.num_layers
         parts, own, gap = [], [], (0.0, 0.0)
         for k, mix in enumerate(self.mixers(self.module)):
             x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # (B, T, ED) each
