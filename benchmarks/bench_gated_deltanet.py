@@ -4,9 +4,12 @@ model's own forward, and the one-step error there.
 A 2-layer ``Qwen3_5ForCausalLM`` (Gated DeltaNet, then full attention; hidden 1024, 16 key
 and 16 value heads of 128, conv 4; random weights, the projections at 1/√fan-in so states
 are of order one) on B windows of T tokens. Timed (best of --repeats, CPU seconds of this
-process): the whole model's forward; the family's reference (the layer's own decode step, T
-calls with transformers' cache, plus one chunked forward for the final state); the anchored
-read (float64, every step at once); and the one-step check.
+process): the whole model's forward and the layer's; ``gatelens.trace`` of the layer (its
+chunked forward once, with hooks on its projections, and the package's recurrent step
+replayed on what they returned: families/delta_scan.py); the whole model under
+``open_cells`` (the user's forward itself recorded, no second run of the layer); the
+decode-path reference it replaces (the layer's own decode step, T calls with transformers'
+cache); the anchored read (float64, every step at once: what the one-step check runs).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_gated_deltanet.py --threads 1
 """
@@ -41,6 +44,7 @@ def main() -> None:
     import transformers
     from transformers.utils import logging
 
+    import gatelens
     from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily
 
     logging.set_verbosity_error()
@@ -72,22 +76,32 @@ def main() -> None:
     hook.remove()
     fam = HFGatedDeltaNetFamily(layer)
     call = fam.check(captured["x"])
+
+    def traced():
+        with gatelens.open_cells(model):
+            model(ids, use_cache=False)
+
     with torch.no_grad():
         forward = _best(lambda: model(ids, use_cache=False), args.repeats)
-        reference = _best(lambda: fam.reference(call), args.repeats)
+        own = _best(lambda: fam._forward(call), args.repeats)
+        trace = _best(lambda: gatelens.trace(layer, captured["x"]), args.repeats)
+        whole = _best(traced, args.repeats)
+        decode = _best(lambda: fam._trajectory(call), args.repeats)
         ref = fam.reference(call)
         read = _best(lambda: fam.read(call, ref), args.repeats)
         (row,) = fam.one_step(call, ref)
     S = fam.shape[1] * fam.shape[2] * fam.shape[3]
-    print(f"B={args.batch} T={args.length} threads={args.threads}; state {S:,} a token")
-    print(f"model forward   {forward:8.3f} s")
-    print(f"reference       {reference:8.3f} s  ({reference / forward:.1f}x the forward)")
-    print(f"anchored read   {read:8.3f} s  ({read / forward:.1f}x the forward)")
-    print(f"trace total     {(reference + read) / forward:8.1f}x the forward")
+    print(f"B={args.batch} T={args.length} threads={args.threads}; state {S:,} a token; "
+          f"read {ref.extra['own'] is not None and 'own' or 'decode path'}")
+    print(f"model forward          {forward:8.3f} s")
+    print(f"layer forward          {own:8.3f} s  ({own / forward:.2f}x the model's)")
+    print(f"trace of the layer     {trace:8.3f} s  ({trace / own:.2f}x the layer's forward)")
+    print(f"open_cells, the model  {whole:8.3f} s  ({whole / forward:.2f}x the model's forward)")
+    print(f"decode path (before)   {decode:8.3f} s  ({decode / own:.1f}x the layer's forward)")
+    print(f"anchored read          {read:8.3f} s  ({read / own:.1f}x the layer's forward)")
     print(f"one-step scaled {row.max_scaled_diff_h:.2g} (absolute {row.max_abs_diff_h:.2g}); "
           f"chunked vs step {ref.extra['step_vs_forward'][1]:.2g}; "
           f"final state {ref.extra['final_vs_step'][1]:.2g}")
-
 
 if __name__ == "__main__":
     main()
