@@ -6,8 +6,9 @@ qk_dim_factor 0.5 so d_qk 256 and d_v 512, FFN 2.667 rounded to 64; the native k
 chunk 64; random weights at the package's initialisation with the gates' weights drawn at
 1/√fan-in, which it sets at zero) on B windows of T tokens. Timed (best of --repeats, CPU
 seconds of this process): the model's forward; the whole model under ``open_cells`` (every
-block's reference, T calls of its decode step plus one prompt-path forward, and its anchored
-float64 read); and, for block 0, the reference and the read alone. Per block: the one-step
+block's states read from the user's own forward: the backend's step kernel replayed on what
+its projections gave, families/xlstm_scan.py); and, for block 0, the reference (its forward
+and that replay) and the anchored float64 read (the one-step check's) alone. Per block: the one-step
 error against the float32 module and against its own float64 run (``verify``'s re-judge).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_hf_xlstm.py --threads 1

@@ -9,8 +9,10 @@ path."""
 from __future__ import annotations
 
 import functools
+import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,11 @@ from gatelens.families import delta_scan
 from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily
 from gatelens.families.hf_kda import HFKDAFamily
 from gatelens.families.official import scaled_diff
+
+sys.path.insert(0, str(Path(__file__).parent))  # the xLSTM tests' models (importlib mode)
+from test_family_hf_xlstm import _block as xlstm_block  # noqa: E402
+from test_family_hf_xlstm import _x as _xl  # noqa: E402
+from test_family_hf_xlstm import xlstm  # noqa: E402
 
 D, B, T = 32, 2, 20
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
@@ -311,3 +318,76 @@ def test_open_cells_reads_the_users_own_forward():
             assert got.meta["method"] == "own" and list(got) == list(want)
             for name in want:
                 assert torch.equal(got[name], want[name]), (path, name)
+
+
+# ---- xLSTM (transformers; xLSTM-7B's mLSTM): the backend's own step kernel, replayed ------
+def test_xlstm_states_from_the_forward_are_its_step_kernels():
+    """The replay is the backend's own one-token path on the q, k, v, ĩ, f̃ the block formed,
+    bit for bit; it agrees with the decode path (the whole block one token at a time) on the
+    head's scale; the prompt path's h and final state are compared with it."""
+    from gatelens.families.hf_xlstm import HFXLSTMFamily, head_scaled_diff
+
+    block = xlstm_block()
+    fam = HFXLSTMFamily(block)
+    call = fam.check(_xl())
+    ref = fam.reference(call)
+    assert ref.extra["own"] is not None
+    with torch.no_grad():
+        decode, forward = fam._trajectory(call), fam._forward(call)
+    assert torch.equal(ref.output, forward)
+    units = fam.state_units(0)
+    s, s_dec = (torch.cat(p[0], dim=-1) for p in (ref.extra["parts"], decode["parts"]))
+    assert head_scaled_diff(s, s_dec, units)[1] <= 1e-5
+    assert scaled_diff(ref.extra["aux"][0], decode["aux"][0])[0] <= 1e-5  # m
+    assert 0 < ref.extra["step_vs_forward"][1] <= 1e-5 and ref.extra["final_vs_step"][1] <= 1e-5
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h <= 1e-5
+    # the backend module itself called one token at a time (its S = 1 branch, the decode
+    # path's) on the inputs the block's forward handed it: the same states, bit for bit
+    backend, seen = block.mlstm_layer.mlstm_backend, {}
+    h = backend.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+    with torch.no_grad():
+        fam._forward(call)
+    h.remove()
+    state = None
+    with torch.no_grad():
+        for t in range(call.length):
+            one = {n: seen[n][:, :, t : t + 1] for n in "qkvif"}
+            c0, n0, m0 = state if state is not None else (None, None, None)
+            _, state = backend(**one, c_initial=c0, n_initial=n0, m_initial=m0)
+    C, n, m = fam._raw(state)
+    assert torch.equal(torch.cat([C, n], dim=-1)[:, 0], s[:, -1])
+    assert torch.equal(m[:, 0], ref.extra["aux"][0][:, -1])
+
+
+def test_xlstm_a_replay_that_is_off_is_seen_and_open_cells_reads_the_users_forward(
+        monkeypatch):
+    from gatelens.families import hf_xlstm, xlstm_scan
+
+    model = xlstm(2)
+    ids = [torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(s))
+           for s in (5, 6)]
+    blocks, seen = list(model.backbone.blocks), []
+    hooks = [b.register_forward_pre_hook(
+        lambda m, a, kw, seen=seen: seen.append((m, a[0])), with_kwargs=True) for b in blocks]
+    try:
+        with torch.no_grad(), gatelens.open_cells(model) as cache:
+            for i in ids:
+                model(i)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(seen) == 4  # each block once a call: read from the user's own forward
+    for n, (block, x) in enumerate(seen):
+        got = cache.traces[f"backbone.blocks.{n % 2}"][n // 2]
+        want = gatelens.trace(block, x)
+        assert got.meta["method"] == "own"
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+    replay = xlstm_scan.mlstm_replay  # ĩ off by 1e-3: its states part from the prompt path's
+    monkeypatch.setattr(xlstm_scan, "mlstm_replay",
+                        lambda b, q, k, v, i, f: replay(b, q, k, v, i + 1e-3, f))
+    fam = hf_xlstm.HFXLSTMFamily(blocks[0])
+    call = fam.check(_xl())
+    ref = fam.reference(call)
+    assert ref.extra["step_vs_forward"][1] > 1e-4
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4

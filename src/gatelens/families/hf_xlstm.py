@@ -23,16 +23,18 @@ o = σ(õ) per channel of v, m (the package's stabiliser after the step) per hea
 head (d_qk × d_v, row by row, head by head) then n̄ per head, h, and y the mLSTM layer's
 output (before the residual).
 
-The module's own trajectory: the block run one token at a time with the state the model's
-``xLSTMCache`` holds (zeros of its shapes and dtype, copied into after every step as
-``xLSTMModel`` does), so every token takes the backend's step kernel; its whole-sequence
-forward (the chunkwise kernel, the prompt padded to ``chunk_size`` with f̃ = 25, ĩ = −25) is
-compared with it (``step_vs_forward``), and so is the final state the prompt path returns
-(``final_vs_step``, in the raw scale, where the two paths' stabilisers do not enter). The
-memory is judged on its head's scale (``head_scaled_diff``), y per channel. The decode path
-exists in ``mode="inference"`` (the config's default) only; on the CPU it needs the native
-kernels (``chunkwise--native_autograd``, ``native_sequence__native``, ``native``, the
-config's defaults; xLSTM-7B's checkpoint names Triton ones).
+The states come from the block's own whole-sequence forward (families/xlstm_scan.py: hooks
+on its projections, and the backend's own step kernel replayed on the q, k, v, ĩ, f̃ they
+gave), against its prompt path (the chunkwise kernel, the prompt padded to ``chunk_size``
+with f̃ = 25, ĩ = −25: ``step_vs_forward`` on h) and the final state that path returns
+(``final_vs_step``, in the raw scale, where the two paths' stabilisers do not enter). Where
+the layer or its backend runs another forward, the decode path is read: the block run one
+token at a time with the state the model's ``xLSTMCache`` holds (zeros of its shapes and
+dtype, copied into after every step as ``xLSTMModel`` does). The memory is judged on its
+head's scale (``head_scaled_diff``), y per channel. The decode path exists in
+``mode="inference"`` (the config's default) only; on the CPU it needs the native kernels
+(``chunkwise--native_autograd``, ``native_sequence__native``, ``native``, the config's
+defaults; xLSTM-7B's checkpoint names Triton ones).
 
 >>> import torch
 >>> from transformers import xLSTMConfig, xLSTMForCausalLM
@@ -55,6 +57,7 @@ from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
+from gatelens.families.xlstm_scan import XLSTMForward
 
 _HF = "transformers.models.xlstm.modeling_xlstm"
 #: the backend kernels that run on the CPU (xLSTMConfig's defaults)
@@ -125,7 +128,7 @@ def head_scaled_diff(got: Tensor, ref: Tensor, units: Tensor,
     return float(diff.max()), float((diff / scale).max())
 
 
-class HFXLSTMFamily(OfficialFamily):
+class HFXLSTMFamily(XLSTMForward, OfficialFamily):
     """One ``xLSTMBlock`` (its mLSTM layer, norms and feed-forward) of transformers' xLSTM."""
 
     name = "hf-xlstm"
@@ -269,10 +272,13 @@ class HFXLSTMFamily(OfficialFamily):
 
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)
-        with torch.no_grad():  # the prompt path's final state (what the model's cache keeps)
-            _, last = self.module(call.inputs, self._zeros(call.batch, call.inputs))
-        C, n, _ = self._raw(last)
-        final = torch.cat([C, n], dim=-1)  # (B, 1, S)
+        if ref.extra["own"] is not None:  # the prompt path's final state, same forward
+            final = ref.extra["own"][0].pop("final")[:, None]
+        else:
+            with torch.no_grad():  # the prompt path's final state (what the cache keeps)
+                _, last = self.module(call.inputs, self._zeros(call.batch, call.inputs))
+            C, n, _ = self._raw(last)
+            final = torch.cat([C, n], dim=-1)  # (B, 1, S)
         ref.final = final[:, 0]
         steps = ref.states["layer0.s"]  # the step path's, (B, T, S)
         ref.extra["final_vs_step"] = head_scaled_diff(final, steps[:, -1:], self.state_units(0),
@@ -325,3 +331,4 @@ class HFXLSTMFamily(OfficialFamily):
     def post(self, k, m, x, y):
         res = x + y
         return res + m.ffn(rms_norm(m.norm_ffn, res))
+
