@@ -98,12 +98,12 @@ def test_mambapy_states_from_its_forward_follow_its_step():
 def test_a_replay_that_is_off_is_seen(monkeypatch):
     """Each replay off by 1e-3 relative (the keep; the mixers' B): the module's own output
     parts from it (step_vs_forward) and the one-step check fails."""
-    from gatelens.families import forward_scan, hf_mamba, hf_mamba2_mixers, mambapy
+    from gatelens.families import forward_scan, hf_mamba, hf_mamba2, mambapy
 
     def off(a, b):
         return forward_scan.linear_scan(a * (1 + 1e-3), b)
 
-    heads = hf_mamba2_mixers._heads
+    heads = hf_mamba2._heads
 
     def heads_off(mix, xc):
         x, B, C = heads(mix, xc)
@@ -111,7 +111,7 @@ def test_a_replay_that_is_off_is_seen(monkeypatch):
 
     for where in (hf_mamba, mambapy):
         monkeypatch.setattr(where, "linear_scan", off)
-    monkeypatch.setattr(hf_mamba2_mixers, "_heads", heads_off)
+    monkeypatch.setattr(hf_mamba2, "_heads", heads_off)
     fam_py, make = mambapy_stack(layers=1)
     for fam, call in ((HFMamba2MixerFamily(_mixer("bamba")), None),
                       (HFJambaFamily(_jamba_mixer()), None), (fam_py, make(1))):
@@ -132,21 +132,35 @@ def test_the_default_trace_is_the_modules_own():
             assert scaled_diff(own[name], hand[name])[1] <= 1e-5, name
 
 
-def test_mamba2_states_is_mamba2_replay():
-    """The mixers' faster replay gives hf_mamba2.mamba2_replay's states bit for bit (both
-    elementwise, the same operations in the same order), its Δ and keep, and its y."""
+def test_mamba2_replay_is_the_packages_step_function():
+    """hf_mamba2.mamba2_replay against the file's own ``mamba2_selective_state_update``
+    called token by token on the same in_proj and convolution outputs (the step path, as
+    the decode path calls it): s, Δ, the keep and y agree to float32 rounding."""
+    from transformers.models.bamba import modeling_bamba as hf
+
     from gatelens.families.delta_scan import prompt_conv
     from gatelens.families.hf_mamba2 import mamba2_replay
-    from gatelens.families.hf_mamba2_mixers import mamba2_states
 
     mix = _mixer("bamba")
+    NH, P, N, G = mix.num_heads, mix.head_dim, mix.ssm_state_size, mix.n_groups
     with torch.no_grad():
         zxbcdt = mix.in_proj(_x())
-        xbc = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)[1]
+        xbc = zxbcdt.split([mix.intermediate_size, mix.conv_dim, NH], -1)[1]
         xc = prompt_conv(mix, xbc)
-    (sig, s, y), (sig0, s0, y0) = mamba2_states(mix, zxbcdt, xc), mamba2_replay(mix, zxbcdt, xc)
-    assert torch.equal(s, s0) and all(torch.equal(sig[n], sig0[n]) for n in sig0)
-    assert scaled_diff(y, y0)[1] <= 1e-6
+        sig, s, y = mamba2_replay(mix, zxbcdt, xc)
+        Bn, T = zxbcdt.shape[:2]
+        x, Bm, Cm = torch.split(xc, [mix.intermediate_size, G * N, G * N], dim=-1)
+        A = (-torch.exp(mix.A_log.float()))[:, None, None].expand(-1, P, N)
+        state = torch.zeros(Bn, NH, P, N)
+        for t in range(T):
+            out = hf.mamba2_selective_state_update(
+                state, x[:, t].view(Bn, NH, P), zxbcdt[:, t, -NH:][..., None].expand(-1, -1, P),
+                A, Bm[:, t].view(Bn, G, N), Cm[:, t].view(Bn, G, N),
+                mix.D[:, None].expand(-1, P), dt_bias=mix.dt_bias[:, None].expand(-1, P),
+                dt_softplus=True)
+            assert scaled_diff(s[:, t : t + 1], state.reshape(Bn, 1, -1))[1] <= 1e-6, t
+            assert scaled_diff(y[:, t : t + 1], out.reshape(Bn, 1, -1))[1] <= 1e-6, t
+    assert sig["delta"].shape == sig["a"].shape == (Bn, T, NH)
 
 
 def _users_forward_is_read(model, path: str, calls: list) -> None:

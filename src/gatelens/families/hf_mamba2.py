@@ -205,19 +205,25 @@ def mamba2_replay(mix: nn.Module, zxbcdt: Tensor, xc: Tensor
     window, in its own operations and order: Δ = softplus(δ + dt_bias), a = exp(Δ A),
     s = s ⊙ a + (Δ B) x, y = s C + D x. ``zxbcdt``: in_proj's output, ``xc``: the convolution's
     activated output, as the forward computed them, (B, T, ·). Returns ({"delta", "a"}
-    (B, T, NH) each), s (B, T, NH·P·N) and y before the gated norm (B, T, inner). Computed
-    time-major, so the states are made once, in the layout the recurrence walks."""
+    (B, T, NH) each), s (B, T, NH·P·N) and y before the gated norm (B, T, inner). Each
+    step's input term (Δ_t B_t) x_t is formed where it is added (a (heads, head_dim, state)
+    block that stays in cache), and every s_t written once, straight into the (B, T, ·)
+    layout the trace holds."""
     NH = int(mix.num_heads)
     Bn, T = zxbcdt.shape[:2]
     dt = zxbcdt[..., -NH:].transpose(0, 1)  # (T, B, NH)
     x, B, C = _heads(mix, xc.transpose(0, 1))  # (T, B, NH, ·)
     delta = F.softplus(dt + mix.dt_bias.to(dt.dtype))
-    a = torch.exp(delta.float() * (-torch.exp(mix.A_log.float())))  # (T, B, NH)
-    b = (delta[..., None, None] * B[:, :, :, None, :]) * x[..., None]  # (T, B, NH, P, N)
-    s = linear_scan(a[..., None, None], b)
-    y = (s.to(C.dtype) @ C[..., None])[..., 0] + x * mix.D[:, None]  # (T, B, NH, P)
-    return ({"delta": delta.transpose(0, 1), "a": a.transpose(0, 1)},
-            s.transpose(0, 1).flatten(2), y.transpose(0, 1).reshape(Bn, T, -1))
+    a = torch.exp(delta.float() * (-torch.exp(mix.A_log.float())))[..., None, None]
+    s = x.new_empty(Bn, T, NH, x.shape[-1], B.shape[-1])  # (B, T, NH, P, N)
+    prev = torch.zeros_like(s[:, 0])  # the first step multiplies the zero state too
+    for t in range(T):
+        b = (delta[t][..., None, None] * B[t][:, :, None, :]) * x[t][..., None]
+        prev = torch.mul(a[t], prev, out=s[:, t]).add_(b)
+    y = (s.to(C.dtype) @ C.transpose(0, 1)[..., None])[..., 0] + x.transpose(0, 1) * mix.D[
+        :, None]  # (B, T, NH, P)
+    return ({"delta": delta.transpose(0, 1), "a": a[..., 0, 0].transpose(0, 1)},
+            s.flatten(2), y.reshape(Bn, T, -1))
 
 
 def mamba2_scan(mix: nn.Module, zxbcdt: Tensor, gated=None

@@ -27,7 +27,7 @@ whole-sequence forward (the chunked ``mamba2_chunk_scan``, chunk_size tokens a c
 a fresh cache so that it leaves its final state): hooks on in_proj, the package's own
 convolution on what it returned, and the decode step's recurrence
 (``mamba2_selective_state_update``, which takes no Δ clamp, so the family takes none)
-replayed on it (``mamba2_states``); the chunked output against the replay is
+replayed on it (``hf_mamba2.mamba2_replay``); the chunked output against the replay is
 ``step_vs_forward``, the chunked final state ``final_vs_step``. A mixer on a fused kernel is
 read on its decode path: its own forward one token at a time with transformers' own cache
 (``causal_conv1d_update`` and the same decode step), from a zero conv window and state.
@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
 from gatelens.families.delta_scan import prompt_conv, torch_path
-from gatelens.families.hf_mamba2 import MAMBA2, _heads, mamba2_scan, mamba2_step
+from gatelens.families.hf_mamba2 import MAMBA2, mamba2_replay, mamba2_scan, mamba2_step
 from gatelens.families.official import (
     OfficialFamily,
     Recorder,
@@ -239,16 +239,16 @@ class HFMamba2MixerFamily(OfficialFamily):
     def _recorded(self, rec: Recorder, output: Tensor, cache) -> dict:
         """The file's own ``causal_conv1d_fn`` on what in_proj returned (× FalconH1's
         ``mup_vector``, as its forward), and the decode step's recurrence replayed on it
-        (``mamba2_states``: the file's ``mamba2_selective_state_update`` is Mamba-2's). The
-        chunked scan's output against the replay's is ``step_vs_forward`` (Zamba2's and
-        NemotronH's Δ clamp, which only their chunked path applies, shows there as it did
-        against the decode path). ``cache``: the one the forward was given, or None."""
+        (``hf_mamba2.mamba2_replay``: the file's ``mamba2_selective_state_update`` is
+        Mamba-2's). The chunked scan's output against the replay's is ``step_vs_forward``
+        (Zamba2's and NemotronH's Δ clamp, which only their chunked path applies, shows there
+        as it did against the decode path). ``cache``: the one the forward was given, or None."""
         mix = self.module
         zxbcdt = rec.stacked("in", outputs=True)  # (B, T, inner + conv_dim + heads)
         if self._falcon:
             zxbcdt = zxbcdt * mix.mup_vector
         gate, xbc, _ = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)
-        sig, s, y = mamba2_states(mix, zxbcdt, prompt_conv(mix, xbc, cache is not None))
+        sig, s, y = mamba2_replay(mix, zxbcdt, prompt_conv(mix, xbc, cache is not None))
         gap = scaled_diff(y, rec.stacked("norm")) if self._normed else \
             scaled_diff(y * F.silu(gate), rec.stacked("out"))
         if cache is not None:
@@ -304,29 +304,3 @@ class HFMamba2MixerFamily(OfficialFamily):
 
     def post(self, k, m, x, y):
         return y
-
-
-@torch.no_grad()
-def mamba2_states(mix: nn.Module, zxbcdt: Tensor, xc: Tensor
-                  ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """hf_mamba2.mamba2_replay (the decode step's recurrence along a window, in its own
-    operations and order: s ⊙ a + (Δ B) x) with the same arguments and results, bit for bit
-    in s (tested), at half its cost at size: each step's input term (Δ_t B_t) x_t is formed
-    where it is added (a (heads, head_dim, state) block that stays in cache, not a (T, B, ·)
-    tensor made, copied to time-major and read back), and every s_t written once, straight
-    into the (B, T, ·) layout the trace holds (no transposed copy after)."""
-    NH = int(mix.num_heads)
-    Bn, T = zxbcdt.shape[:2]
-    dt = zxbcdt[..., -NH:].transpose(0, 1)  # (T, B, NH)
-    x, B, C = _heads(mix, xc.transpose(0, 1))  # (T, B, NH, ·)
-    delta = F.softplus(dt + mix.dt_bias.to(dt.dtype))
-    a = torch.exp(delta.float() * (-torch.exp(mix.A_log.float())))[..., None, None]
-    s = x.new_empty(Bn, T, NH, x.shape[-1], B.shape[-1])  # (B, T, NH, P, N)
-    prev = torch.zeros_like(s[:, 0])  # the first step multiplies the zero state too
-    for t in range(T):
-        b = (delta[t][..., None, None] * B[t][:, :, None, :]) * x[t][..., None]
-        prev = torch.mul(a[t], prev, out=s[:, t]).add_(b)
-    y = (s.to(C.dtype) @ C.transpose(0, 1)[..., None])[..., 0] + x.transpose(0, 1) * mix.D[
-        :, None]  # (B, T, NH, P)
-    return ({"delta": delta.transpose(0, 1), "a": a[..., 0, 0].transpose(0, 1)},
-            s.flatten(2), y.reshape(Bn, T, -1))

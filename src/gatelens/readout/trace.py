@@ -105,7 +105,8 @@ def resolve_method(method: str | None, call: Call) -> str:
 def own_or_anchored(fam: Family, call: Call, ref: Reference, method: str | None = None
                     ) -> Readout:
     """The read-out of a reference: every signal as the module itself computed it where its
-    family reads them from the module's own forward (``Family.read_own``: Mamba-1, Mamba-2),
+    family reads them from the module's own forward (``Family.read_own``: the Mamba layers,
+    Gated DeltaNet, KDA, RG-LRU, transformers' xLSTM),
     else the anchored hand cell (``Family.read``); ``method`` "anchored" always the hand cell,
     "own" never (a family that cannot is refused in one line)."""
     ro = None if method == "anchored" else fam.read_own(call, ref)
@@ -130,7 +131,8 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     the module's own h_{t−1} of that layer and the LSTM's c by the contracting recurrence
     c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t, so the trace is the module's trajectory even when the
     model is chaotic. Where a family reads every state and gate from the module's own
-    whole-sequence forward (transformers' Mamba-1 and Mamba-2: families/forward_scan.py),
+    whole-sequence forward (transformers' Mamba-1 and Mamba-2 and the hybrids' Mamba layers,
+    Gated DeltaNet, KDA, RG-LRU and xLSTM: families/forward_scan.py),
     the default is ``method="own"``: those values themselves, at about the cost of one
     forward, no hand cell run (``meta["method"]`` says which; "anchored" forces the hand
     cell). ``method="step"`` (the default for a PackedSequence) re-runs every

@@ -1,0 +1,82 @@
+"""What an official implementation's own run is recorded with and judged by: forward hooks
+that keep each submodule's calls (``Recorder``), the rule unbounded states are compared by
+(``scaled_diff``), and a causal convolution's buffer along a window (``conv_buffer``).
+
+>>> [round(d, 4) for d in scaled_diff(torch.tensor([[[2.0], [4.0]]]),
+...                                   torch.tensor([[[2.0], [4.4]]]))]
+[0.4, 0.0909]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
+
+
+def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
+    """(max |got − ref|, the same divided by each unit's largest |ref| in the window, at
+    least 1): the rule ``verify_modern`` judges unbounded states by. (B, T, ·) each."""
+    if not ref.numel():
+        return 0.0, 0.0
+    # in the wider of the two dtypes: two float32 values within a factor 2 of each other
+    # subtract exactly (Sterbenz), so a read-out's float32 error is measured without a copy
+    dtype = torch.promote_types(torch.promote_types(got.dtype, ref.dtype), torch.float32)
+    diff = (got.to(dtype) - ref.to(dtype)).abs_()
+    scale = ref.to(dtype).abs().amax(dim=1, keepdim=True).clamp_(min=1.0)  # (B, 1, ·)
+    return float(diff.max()), float(diff.div_(scale).max())
+
+
+class Recorder:
+    """Forward hooks that keep what each of some modules received (its first argument)
+    and returned (its first output), call by call, so a step-by-step run can be stacked."""
+
+    def __init__(self, modules: dict[str, nn.Module]) -> None:
+        self.modules = modules
+        self.inputs: dict[str, list[Tensor]] = {n: [] for n in modules}
+        self.outputs: dict[str, list[Tensor]] = {n: [] for n in modules}
+        self._handles: list = []
+
+    def __enter__(self) -> Recorder:
+        for name, mod in self.modules.items():
+            self._handles.append(mod.register_forward_hook(self._hook(name), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _hook(self, name: str):
+        def hook(mod, args, kwargs, out):
+            first = args[0] if args else next(iter(kwargs.values()))
+            self.inputs[name].append(first.detach().clone())
+            res = out[0] if isinstance(out, (tuple, list)) else out
+            self.outputs[name].append(res.detach().clone())
+        return hook
+
+    def once(self) -> bool:
+        """Whether every module was called exactly once since the last ``clear``."""
+        return all(len(v) == 1 for v in self.inputs.values())
+
+    def clear(self) -> None:
+        for v in (*self.inputs.values(), *self.outputs.values()):
+            v.clear()
+
+    def stacked(self, name: str, outputs: bool = False) -> Tensor:
+        """The calls' tensors of ``name`` joined along time, (B, T, ·)."""
+        seq = (self.outputs if outputs else self.inputs)[name]
+        return seq[0] if len(seq) == 1 else torch.cat(seq, dim=1)
+
+
+def conv_buffer(seq: Tensor, width: int) -> Tensor:
+    """The last ``width`` − 1 rows of a causal convolution's input after each step, zeros
+    before the start: (B, T, F) -> (B, T, (width − 1)·F), oldest first."""
+    B, T, F = seq.shape
+    pad = torch.cat([seq.new_zeros(B, width - 1, F), seq], dim=1)  # (B, T + w − 1, F)
+    return torch.cat([pad[:, j + 1 : j + 1 + T] for j in range(width - 1)], dim=-1)
+
+
+def buffer_units(width: int, channels: int) -> Tensor:
+    """``part_units`` of a convolution buffer: no unit (−1)."""
+    return torch.full(((width - 1) * channels,), -1, dtype=torch.int64)
