@@ -148,6 +148,14 @@ def test_cli_trains_an_official_cell(runs, tmp_path, capsys):
     assert read_config(tmp_path / "r")["model"]["cell"] == "mingru-pytorch"
 
 
+@pytest.mark.parametrize("cell", ["hf-rglru", "rwkv7"])  # fed our embedding; ids
+def test_verify_reads_an_official_run(runs, cell, capsys):
+    # `gatelens verify RUN` feeds the module what the LM feeds it (OfficialLM.encode)
+    assert main(["verify", str(runs[cell]), "--windows", "2", "--length", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "layer1: one-step" in out and out.rstrip().endswith("passed (tolerance 1e-05)")
+
+
 @pytest.mark.parametrize("settings, says", [
     ({"cell": "hf-rwkv", "layers": 1}, "--layers 2 or more"),
     ({"cell": "hf-mamba2", "hidden": 12}, "multiple of 8"),
