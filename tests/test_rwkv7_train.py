@@ -88,6 +88,28 @@ def test_its_weights_are_the_package_checkpoint_layout():
     assert ours["blocks.1.ffn.key.weight"] == (4 * C, C) and ours["blocks.1.att.g1"] == (C, 32)
 
 
+@torch.no_grad()
+def test_the_initialisation_is_rwkv_lm_s():
+    torch.manual_seed(0)
+    m = RWKV7Trainable(V, C, 2, N)  # C = 32, heads of N = 16
+    att0, att1 = m.blocks[0].att, m.blocks[1].att
+    # worked by hand from RWKV-LM's formulas: channel 0 and C − 1 of the bottom layer
+    # (zig-zag −1 and +1 at a head's ends; the decay ramp −6 ... 0; the slope −0.5 ... 0.5)
+    assert att0.w0.view(-1)[[0, C - 1]].tolist() == pytest.approx([-8.0, 3.0])
+    assert att0.a0.view(-1)[[0, C - 1]].tolist() == pytest.approx([-0.69, 0.31])
+    assert att0.x_r.view(-1)[0] == 1.0 and att1.x_r.view(-1)[16] == pytest.approx(
+        1 - 0.5 ** 0.1)  # 1 − (c/C)^(0.2 (1 − k/L)) at layer 1
+    assert att1.v0.view(-1)[0] == pytest.approx(0.93) and not hasattr(att0, "v0")
+    assert float(att0.r_k.mean()) == pytest.approx(-0.04) and att0.k_a.eq(1.02).all()
+    assert att0.output.weight.eq(0).all() and m.blocks[0].ffn.value.weight.eq(0).all()
+    assert att0.w1.eq(0).all() and att0.g1.eq(0).all()  # LoRAs start closed
+    sv = torch.linalg.svdvals  # orthogonal × gain: every singular value the gain
+    assert sv(att0.w2).tolist() == pytest.approx([0.1] * 32, abs=1e-6)
+    assert sv(m.blocks[1].ffn.key.weight).tolist() == pytest.approx([2.0] * C, abs=1e-5)
+    lim = 0.05 / C ** 0.5
+    assert float(att0.key.weight.abs().max()) <= lim and m.head.bias is None
+
+
 def test_the_package_whole_window_path_refuses_a_backward_pass():
     z = {n: t.squeeze() if t.dim() == 3 else t for n, t in weights(1).items()}
     a = "blocks.0.att."

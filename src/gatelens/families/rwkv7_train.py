@@ -82,7 +82,7 @@ def rwkv7_package() -> ModuleType:
 
 def _orthogonal(w: Tensor, gain: float) -> None:
     if not w.is_meta:  # parameter counts build on the meta device: no values to set
-        nn.init.orthogonal_(w, gain=gain * math.sqrt(max(1.0, w.shape[0] / w.shape[1])))
+        nn.init.orthogonal_(w, gain=gain)
 
 
 class TimeMix(nn.Module):
@@ -124,7 +124,7 @@ class TimeMix(nn.Module):
     @staticmethod
     def _lora(C: int, D: int) -> tuple[nn.Parameter, nn.Parameter]:
         first, second = torch.zeros(C, D), torch.empty(D, C)
-        _orthogonal(second, 0.1)
+        _orthogonal(second, 0.1 * math.sqrt(max(1.0, D / C)))  # RWKV-LM's ortho_init
         return nn.Parameter(first), nn.Parameter(second)
 
     def forward(self, x: Tensor, v_first: Tensor | None) -> tuple[Tensor, Tensor]:
