@@ -131,7 +131,7 @@ def test_the_package_whole_window_path_refuses_a_backward_pass():
 def test_a_few_steps_lower_the_loss_and_the_package_loads_the_checkpoint(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(TEXT, encoding="utf-8")
-    cfg = TrainConfig(corpus=str(corpus), cell="rwkv7", hidden=32, layers=2, steps=16,
+    cfg = TrainConfig(corpus=str(corpus), cell="rwkv7", hidden=16, layers=2, steps=16,
                       seq=32, batch=8, eval_every=8, val_windows=4, lr=5e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
