@@ -39,7 +39,7 @@ SIZES = {"xlstm-slstm": {"hidden": 8, "heads": 2, "layers": 2},
          "hf-mamba2": {"hidden": 8, "layers": 2}, "hf-rwkv": {"hidden": 8, "layers": 2},
          "mambapy": {"hidden": 8, "layers": 2},
          "hf-gated-deltanet": {"hidden": 16, "layers": 2},
-         "hf-rglru": {"hidden": 16, "layers": 2}}
+         "hf-rglru": {"hidden": 16, "layers": 2}, "rwkv7": {"hidden": 16, "layers": 2}}
 SMALL = {"steps": 4, "seq": 16, "batch": 4, "eval_every": 2, "val_windows": 2}
 #: where each package's module keeps a tensor of its recurrence (its own name, under rnn.)
 OWN_NAME = {"xlstm-slstm": "rnn.blocks.0.xlstm.slstm_cell._recurrent_kernel_",
@@ -49,7 +49,8 @@ OWN_NAME = {"xlstm-slstm": "rnn.blocks.0.xlstm.slstm_cell._recurrent_kernel_",
             "hf-mamba": "rnn.layers.1.mixer.A_log", "hf-mamba2": "rnn.layers.0.mixer.A_log",
             "hf-rwkv": "rnn.blocks.1.attention.time_decay", "mambapy": "rnn.layers.1.mixer.A_log",
             "hf-gated-deltanet": "rnn.layers.1.A_log",
-            "hf-rglru": "rnn.layers.1.temporal_block.rg_lru.recurrent_param"}
+            "hf-rglru": "rnn.layers.1.temporal_block.rg_lru.recurrent_param",
+            "rwkv7": "rnn.blocks.1.att.w0"}
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,7 @@ def test_parameter_count_is_the_built_modules(cell):
         block = model_config(cfg)
         h = matched_hidden(block, target, 30)
         step = {"xlstm-slstm": 2, "xlstm-mlstm": 2, "xlstm-mixed": 2, "hf-mamba2": 8,
-                "hf-gated-deltanet": 16, "hf-rglru": 16}.get(cell, 1)
+                "hf-gated-deltanet": 16, "hf-rglru": 16, "rwkv7": 16}.get(cell, 1)
         assert h % step == 0
         gaps = [abs(parameter_count({**block, "hidden": k}, 30) - target)
                 for k in (h - step, h, h + step) if k > 0]
@@ -145,6 +146,14 @@ def test_cli_trains_an_official_cell(runs, tmp_path, capsys):
     assert read_config(tmp_path / "r")["model"]["official"]["expansion"] == 1.5
     # the earlier --cell name is an alias: the run records the family's one name
     assert read_config(tmp_path / "r")["model"]["cell"] == "mingru-pytorch"
+
+
+@pytest.mark.parametrize("cell", ["hf-rglru", "rwkv7"])  # fed our embedding; ids
+def test_verify_reads_an_official_run(runs, cell, capsys):
+    # `gatelens verify RUN` feeds the module what the LM feeds it (OfficialLM.encode)
+    assert main(["verify", str(runs[cell]), "--windows", "2", "--length", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "layer1: one-step" in out and out.rstrip().endswith("passed (tolerance 1e-05)")
 
 
 @pytest.mark.parametrize("settings, says", [

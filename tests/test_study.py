@@ -278,7 +278,7 @@ def test_presets_parse_and_say_their_question(monkeypatch):
 
     sizes = {"dynamics": (3, 1), "forget-bias": (30, 10), "cells": (9, 3),
              "long-memory": (18, 6), "modern": (18, 6), "barely-moved": (54, 18),
-             "modern-official": (18, 6), "modern-2026": (6, 3)}
+             "modern-official": (18, 6), "modern-2026": (10, 5)}
     monkeypatch.setitem(study_spec._VOCAB, "shakespeare", 84)  # modern matches parameters
     for name in PRESETS:
         spec = load_preset(name)

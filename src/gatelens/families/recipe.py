@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import import_module
+from importlib import import_module, metadata
 
 from torch import Tensor, nn
 
@@ -126,4 +126,10 @@ class Recipe:
         version."""
         mod = self.need()
         pypi = self.package[1] if self.package else self.name
-        return {**self.settings, "package": f"{pypi} {getattr(mod, '__version__', 'unknown')}"}
+        version = getattr(mod, "__version__", None)
+        if version is None and self.package:  # a package that does not say (rwkv 0.8.32)
+            try:
+                version = metadata.version(pypi)
+            except metadata.PackageNotFoundError:
+                version = None
+        return {**self.settings, "package": f"{pypi} {version or 'unknown'}"}

@@ -26,11 +26,11 @@ whole-window forward (``forward_seq``, full output) is compared with it
 (``step_vs_forward``), as is the state ``forward_seq`` leaves after the prompt
 (``final_vs_step``). The package cannot batch: windows run one after another.
 
-The model reads token ids (``forward(ids, state)``, no batch), not a tensor, so ``Lens``
-takes it wrapped in ``RWKV7LM`` (ids (B, T) -> logits (B, T, V), each window through the
-package's own ``forward``); ``trace`` and ``verify`` take the bare model and ids (B, T).
-Refused in one line: the fp16/bf16 strategies, a package imported with ``RWKV_CUDA_ON=1``
-(its ``forward_seq`` runs the wkv7s CUDA kernel) and the DeepEmbed variant.
+The model reads token ids (no batch), so ``Lens`` takes it wrapped in ``RWKV7LM`` (ids (B, T)
+-> logits (B, T, V), window by window through the package's ``forward``); ``trace`` and
+``verify`` take the bare model and ids (B, T). ``--cell rwkv7``'s trained module
+(families/rwkv7_train.py) is read through the package's model built from its weights.
+Refused in one line: the fp16/bf16 strategies, ``RWKV_CUDA_ON=1`` (wkv7s CUDA kernel), DeepEmbed.
 
 >>> sig = {"w": torch.tensor([[0.5, 1.0]]), "a": torch.tensor([[1.0, 1.0]]),
 ...        "kk": torch.tensor([[1.0, 0.0]])}
@@ -53,13 +53,10 @@ from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Readout, Reference
 from gatelens.families.official import OfficialFamily, scaled_diff
+from gatelens.families.rwkv7_train import GN_EPS, RWKV7_RECIPE, W_SCALE, RWKV7Trainable
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _PKG, _CLS = "rwkv.model", "RWKV_x070"
-#: the package's constant in w = exp(−0.606531 σ(·)) (≈ e^{−1/2}, as written there)
-W_SCALE = 0.606531
-#: the package's GroupNorm ε of the read-out (64e-5)
-GN_EPS = 64e-5
 #: what ``RWKV_x070_TMix_one`` takes after (layer, H, N, x, x_prev, v_first, state), by key
 _TMIX = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "w1", "w2", "a0", "a1", "a2", "v0",
          "v1", "v2", "g1", "g2", "k_k", "k_a", "r_k", "receptance.weight", "key.weight",
@@ -153,19 +150,22 @@ class RWKV7Family(OfficialFamily):
     """The ``rwkv`` package's RWKV-7 (``RWKV_x070``), bare or in ``RWKV7LM``."""
 
     name = "rwkv7"
-    opens_what = "the rwkv package's RWKV_x070 (RWKV-7; bare or in gatelens's RWKV7LM)"
+    opens_what = ("the rwkv package's RWKV_x070 (RWKV-7; bare, in gatelens's RWKV7LM, or "
+                  "built from --cell rwkv7's weights)")
     cell_name = "rwkv7"
     specs = (RWKV7,)
+    recipe = RWKV7_RECIPE
+    wraps = (RWKV7LM, RWKV7Trainable)  # models of ids, read through their package model
     uses_aux = True  # v_first: layer 0's v at the same token (a function of the input)
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
-        return type(module) is RWKV7LM or is_rwkv7(module)
+        return type(module) in cls.wraps or is_rwkv7(module)
 
     @property
     def model(self) -> nn.Module:
         """The package's model itself."""
-        return self.module.rwkv if isinstance(self.module, RWKV7LM) else self.module
+        return self.module.rwkv if type(self.module) in self.wraps else self.module
 
     @property
     def package(self) -> ModuleType:
@@ -211,7 +211,7 @@ class RWKV7Family(OfficialFamily):
 
     # ---- a call ------------------------------------------------------------------
     def split_call(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-        if isinstance(self.module, RWKV7LM):
+        if type(self.module) in self.wraps:
             return (args[0] if args else kwargs.get("ids")), None
         inputs = args[0] if args else kwargs.get("idx")
         return inputs, args[1] if len(args) > 1 else kwargs.get("state")

@@ -117,10 +117,14 @@ class OfficialLM(nn.Module):
         return cls(vocab_size, model["cell"], model["hidden"], model["layers"],
                    model.get("heads", 1), model.get("official"))
 
+    def encode(self, idx: Tensor) -> Tensor:
+        """What ``rnn`` reads for ids (B, T): our embedding's output (a recipe that reads
+        "embedded"), else the ids themselves (it embeds them, or is a whole LM)."""
+        return idx if self.embed is None else self.embed(idx)
+
     def core(self, idx: Tensor) -> Tensor:
         """Logits (B, T, V) of ids (B, T), the whole sequence in one call of ``rnn``."""
-        x = idx if self.embed is None else self.embed(idx)
-        out = self.recipe.run(self.rnn, x)  # (B, T, d), or the logits of a whole LM
+        out = self.recipe.run(self.rnn, self.encode(idx))  # (B, T, d), or the logits of a whole LM
         return out if self.head is None else self.head(out)
 
     def forward(self, idx: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
