@@ -185,19 +185,23 @@ class OfficialFamily(Family, abc.ABC):
                     output = self._forward(call)
                     tr = self._trajectory(call)
                     tr["step_vs_forward"] = scaled_diff(tr["output"], output)
+                else:  # the states read from the forward itself
+                    output = tr["output"]
         finally:
             self.module.train(was)
-        return self._reference_of(call, tr)
+        return self._reference_of(call, tr, output)
 
     def reference_recorded(self, call: Call, rec: Recorder, returned: Any) -> Reference:
         """The reference of a call the module already ran with ``scan_modules`` recorded
         (``open_cells`` reads the user's own forward: no second run). ``returned``: what the
         module returned."""
         with torch.no_grad():
-            return self._reference_of(call, self.trajectory_recorded(
-                rec, self._output_of(returned)))
+            tr = self.trajectory_recorded(rec, self._output_of(returned))
+            return self._reference_of(call, tr, tr["output"])
 
-    def _reference_of(self, call: Call, tr: dict) -> Reference:
+    def _reference_of(self, call: Call, tr: dict, output: Tensor) -> Reference:
+        """The Reference of a trajectory dict; ``output``: the module's own whole-sequence
+        forward's (the step path's output stays in ``extra["step_output"]``)."""
         L, B = self.num_layers, call.batch
         states, inputs, initial = {}, {}, {}
         for k in range(L):
@@ -209,7 +213,7 @@ class OfficialFamily(Family, abc.ABC):
         extra = {"x": tr["x"], "xo": tr["xo"], "parts": tr["parts"], "aux": tr["aux"],
                  "step_output": tr["output"], "step_vs_forward": tr["step_vs_forward"],
                  "own": tr.get("own")}
-        return Reference(states=states, inputs=inputs, initial=initial, output=tr["output"],
+        return Reference(states=states, inputs=inputs, initial=initial, output=output,
                          final=None, extra=extra)
 
     def _previous(self, k: int, ref: Reference) -> list[Tensor]:
