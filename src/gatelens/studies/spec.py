@@ -274,6 +274,27 @@ def check_corpora(trials: list[Trial]) -> None:
                 raise GatelensError(f"corpus {e}") from None
 
 
+def check_sizes(trials: list[Trial]) -> None:
+    """Every trial fits in this machine's memory (training/fits.py: its parameters with
+    their gradients and optimiser state, and one batch), checked on the meta device before
+    Ray starts; the first that cannot is a one-line GatelensError naming it (before: each
+    such trial failed alone, and the start-up estimate built the first one for real)."""
+    from gatelens.training.model import check_fits
+    from gatelens.training.train import model_config
+
+    seen = set()
+    for t in trials:
+        cfg = t.config()
+        key = json.dumps([model_config(cfg), cfg.corpus, cfg.batch, cfg.seq, cfg.optimizer],
+                         sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            try:
+                check_fits(cfg, model_config(cfg), vocab_size(cfg.corpus))
+            except GatelensError as e:
+                raise GatelensError(f"trial {t.id}: {e}") from None
+
+
 def corpora_outside(spec: StudySpec, trials: list[Trial]) -> list[str]:
     """The corpus files of ``trials`` outside the directory of ``spec``'s SPEC.toml (none
     for a preset): allowed, and said on the study's start-up line, since every report
