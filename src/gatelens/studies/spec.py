@@ -287,12 +287,17 @@ def check_sizes(trials: list[Trial]) -> None:
         cfg = t.config()
         key = json.dumps([model_config(cfg), cfg.corpus, cfg.batch, cfg.seq, cfg.optimizer],
                          sort_keys=True, default=str)
-        if key not in seen:
-            seen.add(key)
-            try:
-                check_fits(cfg, model_config(cfg), vocab_size(cfg.corpus))
-            except GatelensError as e:
-                raise GatelensError(f"trial {t.id}: {e}") from None
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            vocab = vocab_size(cfg.corpus)
+        except GatelensError:  # a text that does not decode: that trial's own failure
+            continue
+        try:
+            check_fits(cfg, model_config(cfg), vocab)
+        except GatelensError as e:
+            raise GatelensError(f"trial {t.id}: {e}") from None
 
 
 def corpora_outside(spec: StudySpec, trials: list[Trial]) -> list[str]:
