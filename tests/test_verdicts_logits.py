@@ -170,3 +170,14 @@ def test_nested_logits_are_found_not_the_modules_h(reference) -> None:
     a = _analysis(NestedLogits)
     assert a.reach is not None and a.reach_note is None
     assert a.reach.kl == pytest.approx(reference.reach.kl, rel=1e-9, abs=1e-12)
+
+
+def test_a_bare_module_with_h_as_wide_as_the_vocabulary_has_no_reach() -> None:
+    """Lens on an nn.LSTM alone, H = V: its h was read as logits (a reach of 1.2e-4 at lag
+    1 computed on softmax(h)); a recurrent module's output is never the logits."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(5, 5, batch_first=True)
+    a = gatelens.Lens(lstm, vocab=5, encode=lambda i: nn.functional.one_hot(i, 5).float()
+                      ).analyze(_ids().clamp(max=4), **KW).analyses[""]
+    assert a.reach is None and a.context is None
+    assert "(its element 0) is a recurrent module's own output, not logits" in a.reach_note
