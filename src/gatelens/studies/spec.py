@@ -20,7 +20,8 @@ number is written with an ``m`` (seed −3: ``seed-m3``). The id of a value depe
 value and the ones listed before it on its axis only, so extending a grid (a value added
 at the end of an axis, or a new axis value anywhere that names differently) keeps every
 existing trial's id: of two values with one name (two corpus files called tiny.txt in
-two directories) the first keeps the name and the later one gets a digest of itself.
+two directories) the first keeps the name and the later one gets a digest of itself. An id
+over 120 characters (a long file name) is cut, with a digest of the whole id.
 
 >>> spec = parse_spec({"grid": {"cell": ["lstm", "gru"], "seed": [0, 1]},
 ...                    "train": {"hidden": 8}})
