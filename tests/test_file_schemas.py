@@ -58,6 +58,10 @@ def _set(block, key, value):
     ("train", "lr", -1.0, '"train.lr" must be a positive finite number'),
     ("best", "val_loss", "low", '"best.val_loss" must be a finite number or null'),
     (None, "vocab", ["a", 5], "entry 1 is 5, not a single character"),
+    # sizes no model has: a C++ stack as the message, or 2**70 layers built forever, before
+    ("model", "hidden", 2**70, "--hidden must be at most 1048576, got 1180591620717411303424"),
+    ("model", "layers", 2**70, "--layers must be at most 1024, got 1180591620717411303424"),
+    ("model", "embed", 2**62, "--embed must be at most 1048576, got 4611686018427387904"),
 ])
 def test_config_json_edited_by_hand(capsys, seed_run, tmp_path, block, key, value, says):
     run = edited(seed_run, tmp_path, _set(block, key, value))
@@ -74,6 +78,53 @@ def test_config_json_edited_by_hand(capsys, seed_run, tmp_path, block, key, valu
 def test_config_json_as_written_loads(seed_run):
     run = load_run(seed_run)
     assert run.seed == 0 and len(run.vocab) > 3
+
+
+def test_a_corpus_is_read_only_with_its_sha256(capsys, seed_run, tmp_path):
+    """A config.json that names another file as its corpus and drops the hash it would have
+    to match: gatelens reads no file it cannot check (its windows would be published)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text(TEXT.replace("a", "b"), encoding="utf-8")  # in the run's vocabulary
+
+    def elsewhere(cfg):
+        cfg["corpus"].update(name=str(secret), source=str(secret))
+        del cfg["corpus"]["sha256"]
+    run = edited(seed_run, tmp_path, elsewhere)
+    line = one_line(capsys, ["analyze", run, "--windows", "2", "--length", "24",
+                             "--perturb-pos", "8", "--out", tmp_path / "a"])
+    assert f'{run / "config.json"}: "corpus.sha256" is missing' in line and "--text" in line
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("bytes", "not UTF-8 (invalid byte 0xff"),
+    ("step", 'line 3: "step" must be an integer, got \'x\''),
+    ("loss", 'line 2: "val_loss" must be a number, got \'low\''),
+    ("field", "not a gatelens history.csv (field larger than field limit"),
+    ("device", "not a regular file (a device, FIFO or socket)"),
+])
+def test_history_csv_edited_by_hand(capsys, seed_run, tmp_path, kind, says):
+    """history.csv is checked before any work: a device was read forever (memory), bad
+    UTF-8 or a 200 kB field were tracebacks, a bad step one after the analysis."""
+    run = tmp_path / "run"
+    shutil.copytree(seed_run, run)
+    path = run / "history.csv"
+    rows = path.read_text().splitlines()
+    path.unlink()
+    if kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        bad = {"bytes": "2,\udcff,,0.1", "step": "x,1.0,,0.1", "loss": "0,,low,0.1",
+               "field": "3," + "9" * 200_000}[kind]
+        rows[2 if kind in ("step", "bytes", "field") else 1] = bad
+        path.write_bytes("\n".join(rows).encode("utf-8", "surrogateescape"))
+    with pytest.raises(GatelensError) as e:
+        load_run(run)
+    assert str(e.value).startswith(f"{path}: ") and says in str(e.value), str(e.value)
+    if kind == "step":
+        line = one_line(capsys, ["analyze", run, "--out", tmp_path / "a"])
+        assert line == f"gatelens: error: {e.value}"
+        assert not (tmp_path / "a").exists()
 
 
 @pytest.mark.parametrize("vocab, says", [

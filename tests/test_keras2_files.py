@@ -293,6 +293,7 @@ def test_cli_opens_the_weights_only_file_and_refuses_a_broken_one(tmp_path, caps
     assert rep["verification"]["passed"] and rep["model"]["path"] == "rnn_1"
     md = (tmp_path / "out" / "report.md").read_text()
     assert "read by its group name as CuDNNLSTM" in md
+    assert "no mask applied (an Embedding's mask_zero or a Masking layer is not in" in md
     write_textgenrnn(tmp_path / "bad.hdf5", _lstm_weights(E), _lstm_weights(H),
                      drop="recurrent_kernel")
     capsys.readouterr()

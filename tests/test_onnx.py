@@ -297,3 +297,20 @@ def test_refusals_reverse_rnn_weights_from_inputs_and_ragged_lengths(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"\x01\x02junk")
     with pytest.raises(GatelensError, match="not a readable ONNX file"):
         open_onnx(tmp_path / "junk.onnx")
+
+
+def test_a_constant_sequence_lens_is_refused(tmp_path):
+    """onnxruntime runs each sequence only sequence_lens steps (zeros after): a module of
+    the node reading whole windows was analysed and "passed" on steps the runtime never
+    runs. A sequence_lens a graph input gives stays the caller's (trace_onnx checks it)."""
+    import onnxruntime
+
+    lstm, li = _rnn_node("LSTM", 3, 2, inputs=("X", "slen"))
+    slen = numpy_helper.from_array(np.array([2, 2], np.int32), "slen")
+    p = _save(tmp_path, [lstm], [_vi("X")], [_vi("Y")], li + [slen], name="const.onnx")
+    x = RNG.normal(size=(6, 2, 2)).astype(np.float32)  # (T, B, I)
+    (y,) = onnxruntime.InferenceSession(str(p)).run(["Y"], {"X": x})
+    assert np.abs(y[:2]).max() > 0.01 and np.abs(y[2:]).max() == 0  # what the runtime does
+    with pytest.raises(GatelensError, match=r"ONNX node 'lstm': sequence_lens is the "
+                                            r"constant \[2, 2\]: onnxruntime runs each"):
+        open_onnx(p)

@@ -164,3 +164,21 @@ def test_a_stop_outside_the_loop_leaves_the_run_interrupted_not_running(tiny_tex
     assert main(["train", "--resume", "--out", str(run), "--quiet"]) == 0
     assert read_config(run)["status"] == "done" and read_config(run)["steps_done"] == 6
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_reproduce_says_where_in_one_line(capsys, tiny_text, tmp_path, monkeypatch,
+                                                    sig):
+    """reproduce printed train's line (naming `gatelens train --resume`) and then its own:
+    two lines, the first advice not the one that continues a reproduction."""
+    import gatelens.training.train as tr
+
+    def stopped(cfg, run, **kw):  # train() as a signal at step 22 leaves it
+        return tr.TrainResult(Path(run), 22, 0, 3.0, True, int(sig), 800)
+    monkeypatch.setattr(tr, "train", stopped)
+    assert main(["reproduce", "--corpus", str(tiny_text), "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 128 + sig
+    by = "" if sig == signal.SIGINT else " by SIGTERM"
+    assert capsys.readouterr().err.splitlines() == [
+        f"gatelens: interrupted{by}: lstm stopped at step 22 of 800; rerun the same "
+        "`gatelens reproduce` command to continue"]

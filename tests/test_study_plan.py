@@ -144,3 +144,16 @@ def test_the_estimate_times_each_cell_on_its_own_trial(monkeypatch, tmp_path):
     start = study._estimate(todo, 1, tmp_path)
     assert calls == [("cell-lstm_seed-0", True), ("cell-gru_seed-0", False)]
     assert start.startswith(f"about {duration(est.seconds)} on 1 worker (training 2:00")
+
+
+def test_a_long_value_makes_an_id_a_directory_can_have(tmp_path):
+    """A 240-character corpus file name made a 258-character trial id: no directory can
+    have that name (255 bytes), so the trial failed on its own directory."""
+    long = tmp_path / ("c" * 240 + ".txt")
+    long.write_text("abc abc\n" * 50, encoding="utf-8")
+    spec = parse_spec({"grid": {"seed": [0], "corpus": [str(long), "brackets"]},
+                       "train": {"hidden": 4}})
+    ids = [t.id for t in spec.trials]
+    assert len(ids[0]) == 120 and ids[0].startswith("corpus-ccc") and ids[1] == \
+        "corpus-brackets_seed-0"
+    (tmp_path / "trials" / ids[0]).mkdir(parents=True)  # a name the file system takes

@@ -114,6 +114,45 @@ def test_a_global_forward_hook_is_refused() -> None:
         handle.remove()
 
 
+def _only_lstms(module: nn.Module, args: tuple) -> tuple | None:
+    return (3 * args[0],) + args[1:] if isinstance(module, nn.LSTM) else None
+
+
+def test_a_global_pre_hook_is_refused_in_trace_verify_and_lens() -> None:
+    """A global pre-hook also runs on the one-layer modules gatelens runs to check the
+    read-out: verify said FAILED (0.28) of a trace equal to lstm(x), Lens's verdict too."""
+    lstm, x = _lstm(), torch.randn(2, 4, 3)
+    model = nn.Sequential(nn.Embedding(6, 3), lstm)
+    handle = nn.modules.module.register_module_forward_pre_hook(_only_lstms)
+    try:
+        for call in (lambda: gatelens.trace(lstm, x), lambda: gatelens.verify(lstm, x),
+                     lambda: gatelens.Lens(model, vocab=6).analyze(
+                         torch.randint(0, 6, (2, 12)), perturb_pos=2, exponents=0)):
+            with pytest.raises(GatelensError) as e:
+                call()
+            assert (f"a global forward pre-hook {__name__}._only_lstms runs on every "
+                    "module's call") in str(e.value)
+    finally:
+        handle.remove()
+    assert gatelens.verify(lstm, x).passed  # removed: read as before
+
+
+def test_a_verdict_on_a_stack_that_drops_units_at_random_is_refused() -> None:
+    """In training mode with dropout between layers the call is random: verify said
+    "passed ... stays on the module's trajectory" while lstm(x) was 0.07 away."""
+    torch.manual_seed(0)
+    lstm, x = nn.LSTM(3, 8, num_layers=2, dropout=0.5, batch_first=True), torch.randn(2, 6, 3)
+    with torch.no_grad():
+        assert (lstm(x)[0] - lstm.eval()(x)[0]).abs().max() > 1e-2
+    lstm.train()
+    with pytest.raises(GatelensError, match=r"^verify\(\): LSTM is in training mode with "
+                                            r"dropout 0.5 between its 2 layers"):
+        gatelens.verify(lstm, x)
+    assert gatelens.verify(lstm.eval(), x).passed
+    one = nn.LSTM(3, 8, num_layers=1, batch_first=True).train()  # no dropout applies
+    assert gatelens.verify(one, x).passed
+
+
 def test_no_hook_no_own_call_and_gatelens_hooks_are_not_users() -> None:
     lstm, x = _lstm(), torch.randn(2, 4, 3)
     assert "hooks" not in gatelens.trace(lstm, x).meta

@@ -137,3 +137,47 @@ def test_find_logits_rules() -> None:
     # nothing of the windows' shape: the first tensor, for measure's shape note
     wrong = torch.randn(4, 2, 5)
     assert find_logits(wrong, 2, 4, 5).logits is wrong
+
+
+def test_find_logits_variants() -> None:
+    """Variants of the issue's class: nested outputs, h alone with H = V, logits that are
+    no distribution, integer outputs; before, ((logits,), h) had its reach computed on h,
+    NaN logits a KL of 0 at every lag."""
+    torch.manual_seed(2)
+    logits, h = torch.randn(2, 4, 5), torch.randn(2, 4, 5)
+    assert find_logits(((logits,), h), 2, 4, 5, avoid=[h]).logits is logits
+    assert find_logits({"out": {"logits": logits}, "h": h}, 2, 4, 5, avoid=[h]).logits \
+        is logits
+    got = find_logits((h, (h, h)), 2, 4, 5, avoid=[h])
+    assert got.logits is None and "is a recurrent module's own output, not logits" in got.note
+    for bad in (logits * float("nan"), logits.clone().index_fill_(2, torch.tensor([0]),
+                                                                  float("inf"))):
+        got = find_logits(bad, 2, 4, 5)
+        assert got.logits is None and "hold NaN or +inf" in got.note
+    lp = torch.log_softmax(logits, -1).index_fill(2, torch.tensor([1]), -float("inf"))
+    assert find_logits(lp, 2, 4, 5).logits is lp  # log-probabilities of a zero: logits
+    got = find_logits(logits.round().long(), 2, 4, 5)
+    assert got.logits is None and "no floating-point tensor" in got.note
+
+
+class NestedLogits(Base):
+    def forward(self, ids: Tensor) -> tuple:
+        h, logits = self.parts(ids)
+        return (logits,), h
+
+
+def test_nested_logits_are_found_not_the_modules_h(reference) -> None:
+    a = _analysis(NestedLogits)
+    assert a.reach is not None and a.reach_note is None
+    assert a.reach.kl == pytest.approx(reference.reach.kl, rel=1e-9, abs=1e-12)
+
+
+def test_a_bare_module_with_h_as_wide_as_the_vocabulary_has_no_reach() -> None:
+    """Lens on an nn.LSTM alone, H = V: its h was read as logits (a reach of 1.2e-4 at lag
+    1 computed on softmax(h)); a recurrent module's output is never the logits."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(5, 5, batch_first=True)
+    a = gatelens.Lens(lstm, vocab=5, encode=lambda i: nn.functional.one_hot(i, 5).float()
+                      ).analyze(_ids().clamp(max=4), **KW).analyses[""]
+    assert a.reach is None and a.context is None
+    assert "(its element 0) is a recurrent module's own output, not logits" in a.reach_note

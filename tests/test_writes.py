@@ -20,6 +20,7 @@ import gatelens.io as gio
 from gatelens.cli import main
 from gatelens.errors import GatelensError, WriteError
 from gatelens.io import check_out_dir, replace_dir
+from gatelens.lock import is_lock_or_leftover
 from gatelens.report.write import write_analysis
 from gatelens.training.config import TrainConfig
 from gatelens.training.runs import load_run, read_config, read_metadata
@@ -252,3 +253,79 @@ def test_a_run_that_died_before_its_first_state_resumes_by_starting_over(capsys,
     def losses(h: bytes) -> list:
         return [r.split(b",")[:3] for r in h.splitlines()]
     assert losses(a["history.csv"]) == losses(b["history.csv"])
+
+
+def _safetensors_full_disk(real, fail_on: str):
+    """safetensors' own writer as it reports a full disk: its Rust I/O error inside a
+    SafetensorError (no OSError), for any file whose name holds ``fail_on`` (an
+    atomic_write's temporary holds its destination's name)."""
+    from safetensors import SafetensorError
+
+    def save_file(tensors, filename, *a, **kw):
+        if fail_on in Path(filename).name:
+            raise SafetensorError("Error while serializing: I/O error: No space left on "
+                                  "device (os error 28)")
+        return real(tensors, filename, *a, **kw)
+    return save_file
+
+
+def test_a_full_disk_inside_safetensors_is_one_line_naming_the_file(capsys, tiny_text,
+                                                                    tmp_path, monkeypatch):
+    """The issue's case on a real full disk (a 200 kB tmpfs): safetensors' writer raised
+    SafetensorError, exit 1 and a traceback, which faking os.replace never showed."""
+    import gatelens.training.runs as runs
+
+    run = tmp_path / "run"
+    assert main(["train", "--corpus", str(tiny_text), *SMALL, "--out", str(run)]) == 0
+    before = files(run)
+    monkeypatch.setattr(runs, "save_file", _safetensors_full_disk(runs.save_file,
+                                                                  "step-000006.safetensors"))
+    line = one_line(capsys, ["train", "--resume", "--steps", "6", "--out", run, "--quiet"])
+    assert line == (f"gatelens: error: {run / 'checkpoints' / 'step-000006.safetensors'}: "
+                    "cannot write: No space left on device [ENOSPC]")
+    after = files(run)  # the last step's history row is written first; nothing else moved
+    assert {k: v for k, v in after.items() if k != "history.csv"} == {
+        k: v for k, v in before.items() if k != "history.csv"}
+    assert not any(is_lock_or_leftover(p.name) for p in run.rglob("*"))
+
+
+def test_a_full_disk_in_an_analysis_names_the_file_under_out(analysis, tmp_path,
+                                                             monkeypatch):
+    """The analysis's arrays file (safetensors) on a full disk; and any failed write of an
+    analysis is named where it would have been, not inside the temporary directory."""
+    import numpy as np
+    import safetensors.numpy
+
+    import gatelens.report.write as write
+
+    out = tmp_path / "a"
+    write_analysis(analysis, out, plots=False)
+    before = files(out)
+    monkeypatch.setattr(write, "report_arrays", lambda a: {"units": np.zeros(3)})
+    monkeypatch.setattr(safetensors.numpy, "save_file", _safetensors_full_disk(
+        safetensors.numpy.save_file, "arrays.safetensors"))
+    with pytest.raises(WriteError) as e:
+        write_analysis(analysis, out, plots=False)
+    assert str(e.value) == f"{out / 'arrays.safetensors'}: cannot write: No space left on " \
+                           "device [ENOSPC]"
+    monkeypatch.undo()
+    fail_with(monkeypatch, errno.ENOSPC, "No space left on device")  # its first file
+    with pytest.raises(WriteError) as e:
+        write_analysis(analysis, out, plots=False)
+    assert str(e.value).startswith(f"{out / 'report.json'}: cannot write: No space left")
+    assert files(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    from gatelens.lock import LOCK, writing_dir
+
+    monkeypatch.setattr(os, "pwrite", _raise(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(WriteError, match=r"\.gatelens\.lock: cannot write: No space left"):
+        with writing_dir(tmp_path / "run"):
+            pass
+    assert not (tmp_path / "run").exists()  # neither the lock nor the directory it made
+    (tmp_path / "old").mkdir()
+    with pytest.raises(WriteError):
+        with writing_dir(tmp_path / "old"):
+            pass
+    assert not (tmp_path / "old" / LOCK).exists()

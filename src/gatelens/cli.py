@@ -14,6 +14,7 @@ from gatelens.errors import (
     exponents_count,
     finite_float,
     nonnegative_float,
+    one_line,
     os_reason,
     positive_float,
     positive_int,
@@ -105,6 +106,8 @@ def _cmd_train(args) -> int:
         res = train(TrainConfig(**given), args.out, progress=not args.quiet)
     print(f"{res.run}: {res.steps_done} steps, best validation loss {res.best_val_loss:.4f} "
           f"at step {res.best_step}")
+    if res.interrupted:
+        print(f"gatelens: {res.stop_line()}", file=sys.stderr)
     if res.best_step == 0 and res.steps_done > 0 and not res.interrupted:  # a verdict at the end
         print(f"gatelens: note: the validation loss never got below the untrained model's "
               f"(best step 0); is --lr {_lr_of(res.run)} too large or too small?",
@@ -132,10 +135,12 @@ def _add_sample(sub) -> None:
 
 def _cmd_sample(args) -> int:
     from gatelens.training.runs import load_run
-    from gatelens.training.sample import sample
+    from gatelens.training.sample import sample_chunks
 
     run = load_run(args.run, args.checkpoint)
-    print(sample(run, args.length, args.temperature, args.prime, args.seed))
+    for piece in sample_chunks(run, args.length, args.temperature, args.prime, args.seed):
+        print(piece, end="", flush=True)  # as it comes: any --length in constant memory
+    print()
     return 0
 
 
@@ -374,14 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
             return COMMANDS[args.command][1](args)
     except GatelensError as e:
-        print(f"gatelens: error: {e}", file=sys.stderr)
+        print(f"gatelens: error: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except CheckFailed as e:
-        print(f"gatelens: check failed: {e}", file=sys.stderr)
+        print(f"gatelens: check failed: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:  # Ctrl-C; Stopped: SIGTERM or SIGHUP
-        by = f" by {signal_name(e.signum)}" if isinstance(e, Stopped) else ""
-        print(f"gatelens: interrupted{by}", file=sys.stderr)
+        by = (f" by {signal_name(e.signum)}" if isinstance(e, Stopped)
+              and e.signum != signal.SIGINT else "")
+        print(f"gatelens: interrupted{by}" + (f": {e.note}" if getattr(e, "note", None)
+                                               else ""), file=sys.stderr)
         return exit_code(e)
     except OSError as e:  # a file system that failed under us: one line, naming the path
         where = f"{e.filename}: " if e.filename else ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno as _errno
 import math
+import os
+import re
 
 #: The seeds PyTorch's ``manual_seed`` takes (inclusive); gatelens seeds everything from one.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -33,10 +35,49 @@ class WriteError(GatelensError, OSError):
 
 def write_error(path: object, e: OSError) -> WriteError:
     """The WriteError for an OSError ``e`` met while writing ``path`` (kept as is if it is
-    one already)."""
+    one already). Its ``path`` is ``path`` and its ``reason`` the OSError's.
+
+    >>> e = write_error("a/b.json", OSError(_errno.EROFS, "Read-only file system"))
+    >>> e.path, e.reason
+    ('a/b.json', 'Read-only file system [EROFS]')
+    """
     if isinstance(e, WriteError):
         return e
-    return WriteError(f"{path}: cannot write: {os_reason(e)}")
+    reason = os_reason(e)
+    err = WriteError(f"{path}: cannot write: {reason}")
+    err.path, err.reason = str(path), reason
+    return err
+
+
+def one_line(text: str) -> str:
+    """A message as the one line the CLI prints: its whitespace and line breaks (a wrapped
+    library error's, e.g. a C++ stack) collapsed to single spaces.
+
+    >>> one_line("shape overflow\\nframe #0: ...\\n  frame #1")
+    'shape overflow frame #0: ... frame #1'
+    """
+    return " ".join(text.split())
+
+
+def wrapped_os_error(e: BaseException) -> OSError | None:
+    """The OSError a library reported inside its own error, or None. safetensors' Rust
+    writer turns a full disk into ``SafetensorError("... I/O error: No space left on device
+    (os error 28)")``, which is no OSError, so without this it escaped the one-line rule.
+
+    >>> e = wrapped_os_error(RuntimeError("Error while serializing: I/O error: No space left "
+    ...                                   "on device (os error 28)"))
+    >>> e.errno == _errno.ENOSPC, e.strerror
+    (True, 'No space left on device')
+    >>> wrapped_os_error(RuntimeError("header too large")) is None
+    True
+    """
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def os_reason(e: OSError) -> str:

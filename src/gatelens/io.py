@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from gatelens.errors import GatelensError, os_reason, write_error
+from gatelens.errors import GatelensError, os_reason, wrapped_os_error, write_error
 
 #: The largest text file gatelens reads (a corpus, --text, --vocab): 2 GiB. A corpus of N
 #: characters takes about 20·N bytes of memory while it is encoded and split.
@@ -33,8 +33,9 @@ TMP_SUFFIX = ".tmp"
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it, then rename.
 
-    An OSError (disk full, read-only, no permission) becomes a ``WriteError`` naming
-    ``path``; the old file is kept and the temporary file removed.
+    An OSError (disk full, read-only, no permission; also one a library reports inside its
+    own error, as safetensors does) becomes a ``WriteError`` naming ``path``; the old file
+    is kept and the temporary file removed.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.txt"
@@ -80,8 +81,9 @@ def atomic_write_many(writes: dict[Path, Callable[[Path], None]]) -> None:
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-        if isinstance(e, OSError):
-            raise write_error(path, e) from None
+        failed = wrapped_os_error(e)  # safetensors' "(os error 28)" is an OSError too
+        if failed is not None:
+            raise write_error(path, failed) from None
         raise
 
 
@@ -256,6 +258,8 @@ def open_regular(path: str | os.PathLike, what: str = "a text file",
         raise GatelensError(f"{path}: no such file (a part of the path is a file)") from None
     except OSError as e:
         raise GatelensError(f"{path}: cannot read: {os_reason(e)}") from None
+    except ValueError:  # a NUL character (a path read from a file: a spec, a config.json)
+        raise GatelensError(f"{str(path)!r}: not a path (it holds a NUL character)") from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):

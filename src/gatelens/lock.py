@@ -158,7 +158,11 @@ def _acquire(directory: Path, wait: float, quiet: bool) -> int:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
-    except OSError as e:
+    except OSError as e:  # a full disk: the file is ours (flock held), so it goes too
+        try:
+            os.unlink(directory / LOCK)
+        except OSError:
+            pass
         os.close(fd)
         raise write_error(directory / LOCK, e) from None
     return fd

@@ -23,7 +23,8 @@ from typing import Any
 
 from gatelens.errors import GatelensError
 
-__all__ = ["PLACEHOLDER", "Kind", "check_chars", "check_fields", "describe", "is_kind"]
+__all__ = ["PLACEHOLDER", "Kind", "check_chars", "check_fields", "check_schema", "describe",
+           "is_kind"]
 
 #: a field's kind: a name below, None (null allowed), or a tuple of allowed strings
 Kind = str | None | tuple[str, ...]
@@ -118,3 +119,98 @@ def check_chars(chars: object, where: str, placeholders: bool = False) -> list[s
                                 f"and {i})")
         seen[c] = i
     return list(chars)
+
+
+#: JSON Schema's type names in the words of ``_WORDS`` ("integer" a Python int, "number"
+#: a finite int or float: gatelens writes no NaN)
+_JSON_TYPES = {"integer": "int", "number": "number", "string": "str", "array": "list",
+               "object": "dict", "boolean": "bool", "null": None}
+
+
+def check_schema(value: Any, schema: Mapping[str, Any], where: object) -> None:
+    """``value`` against a JSON Schema (the subset gatelens's own schemas use: type, enum,
+    $ref into $defs, oneOf/anyOf, properties, required, additionalProperties,
+    patternProperties, items, minItems, maxItems, minimum, maximum, exclusiveMinimum);
+    the first problem is one GatelensError naming ``where`` and the key's dotted path.
+
+    >>> s = {"type": "object", "required": ["lags"], "properties": {"lags": {
+    ...     "type": "array", "items": {"type": "integer", "minimum": 1}}}}
+    >>> check_schema({"lags": [1, 2]}, s, "report.json")
+    >>> check_schema({"lags": [1, 0]}, s, "report.json")
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: report.json: "lags[1]" must be at least 1, got 0
+    """
+    problem = _problem(value, schema, schema, "")
+    if problem is not None:
+        path, text = problem
+        raise GatelensError(f'{where}: "{path or "(the whole file)"}" {text}')
+
+
+def _problem(v: Any, s: Mapping[str, Any], root: Mapping[str, Any],
+             path: str) -> tuple[str, str] | None:
+    """(dotted path, what is wrong) of the first place ``v`` breaks ``s``, or None."""
+    if "$ref" in s:
+        ref = s["$ref"]
+        target: Any = root
+        for part in ref.removeprefix("#/").split("/"):
+            target = target[part]
+        found = _problem(v, target, root, path)
+        if found is not None:
+            return found
+    branches = s.get("oneOf") or s.get("anyOf")
+    if branches:
+        found = [_problem(v, b, root, path) for b in branches]
+        if all(f is not None for f in found):  # the deepest complaint says the most
+            return max(found, key=lambda f: len(f[0]))  # type: ignore[arg-type, return-value]
+    if "type" in s:
+        types = [s["type"]] if isinstance(s["type"], str) else list(s["type"])
+        kinds = [_JSON_TYPES[t] for t in types]
+        if not any(is_kind(v, k) for k in kinds):
+            return path, f"must be {describe(tuple(kinds))}, got {_shown(v)}"
+    if "enum" in s and not any(type(v) is type(e) and v == e for e in s["enum"]):
+        return path, f"must be one of {', '.join(json_word(e) for e in s['enum'])}, got " \
+                     f"{_shown(v)}"
+    if is_kind(v, "number"):
+        for key, ok, word in (("minimum", lambda b: v >= b, "at least"),
+                              ("maximum", lambda b: v <= b, "at most"),
+                              ("exclusiveMinimum", lambda b: v > b, "above")):
+            if key in s and not ok(s[key]):
+                return path, f"must be {word} {s[key]}, got {_shown(v)}"
+    if isinstance(v, list):
+        if len(v) < s.get("minItems", 0) or len(v) > s.get("maxItems", len(v)):
+            return path, f"has {len(v)} items, outside {s.get('minItems', 0)}.." \
+                         f"{s.get('maxItems', '')}"
+        if isinstance(s.get("items"), Mapping):
+            for i, item in enumerate(v):
+                found = _problem(item, s["items"], root, f"{path}[{i}]")
+                if found is not None:
+                    return found
+    if isinstance(v, dict):
+        for key in s.get("required", ()):
+            if key not in v:
+                return _join(path, key), "is missing"
+        props, extra = s.get("properties", {}), s.get("additionalProperties", True)
+        patterns = s.get("patternProperties", {})
+        for key, item in v.items():
+            sub = props.get(key) or next((p for pat, p in patterns.items()
+                                          if re.search(pat, key)), None)
+            if sub is None and extra is False:
+                return _join(path, key), "is not a key of this file"
+            sub = sub if sub is not None else extra if isinstance(extra, Mapping) else None
+            if sub is not None:
+                found = _problem(item, sub, root, _join(path, key))
+                if found is not None:
+                    return found
+    return None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def json_word(value: Any) -> str:
+    """A JSON value as JSON writes it (``null``, ``"f"``)."""
+    import json
+
+    return json.dumps(value)

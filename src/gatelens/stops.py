@@ -30,11 +30,13 @@ STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "S
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP arrived: raised where the process was, as Ctrl-C raises
-    KeyboardInterrupt, so that everything unwinds cleanly. ``signum`` is the signal."""
+    KeyboardInterrupt, so that everything unwinds cleanly. ``signum`` is the signal (SIGINT
+    too, where a command stopped by Ctrl-C says ``note``: what stopped where)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, note: str | None = None) -> None:
         super().__init__(signal_name(signum))
         self.signum = int(signum)
+        self.note = note  # what was stopped where, for the one line the command prints
 
 
 def signal_name(signum: int) -> str:

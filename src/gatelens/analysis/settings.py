@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from gatelens.errors import GatelensError
+from gatelens.errors import SEED_MAX, GatelensError
 
 ALL = "all"  # windows="all": every whole window; exponents="all": the whole spectrum
 AUTO = "auto"  # exponents="auto": 64, capped at size by the spectrum's cost rule
@@ -67,6 +67,8 @@ class AnalysisSettings:
         _count("memory_windows", self.memory_windows, minimum=0)
         if self.seed is not None:
             _count("seed", self.seed, minimum=0)
+            if self.seed > SEED_MAX:  # what torch.Generator.manual_seed takes
+                raise GatelensError(f"seed must be at most 2**64 - 1; got {self.seed}")
 
     @classmethod
     def build(cls, settings: AnalysisSettings | None = None,

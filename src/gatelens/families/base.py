@@ -172,6 +172,10 @@ class Family(abc.ABC):
     #: every call of the module is one step of the recurrence (a cell stepped by the
     #: caller), so a forward's calls are stitched into trajectories (readout/stitch.py)
     stepped: ClassVar[bool] = False
+    #: the module's output is the model's logits (a family that opens a whole language
+    #: model, e.g. mingru-pytorch's minLM); otherwise it is h, which Lens never takes for
+    #: the logits (lens/logits.py)
+    output_is_logits: bool = False
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module

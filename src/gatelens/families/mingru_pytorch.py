@@ -95,6 +95,7 @@ class MinGRUPytorchFamily(OfficialFamily):
     def __init__(self, module: nn.Module) -> None:
         super().__init__(module)
         self.lm = _is(module, "minLM", "minLM")
+        self.output_is_logits = self.lm  # minLM's own head: its output is the logits
         if self.lm and not module.can_cache:
             raise GatelensError("mingru-pytorch minLM(enable_conv=True): its convolution "
                                 "before each layer has no step form; not supported")

@@ -157,6 +157,7 @@ class RWKV7Family(OfficialFamily):
     recipe = RWKV7_RECIPE
     wraps = (RWKV7LM, RWKV7Trainable)  # models of ids, read through their package model
     uses_aux = True  # v_first: layer 0's v at the same token (a function of the input)
+    output_is_logits = True  # the package's model ends in its own head
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

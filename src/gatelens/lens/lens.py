@@ -51,7 +51,7 @@ from gatelens.lens.tokens import (
     vocab_list,
     vocab_size,
 )
-from gatelens.readout.own_call import mark
+from gatelens.readout.own_call import mark, refuse_global_hooks
 from gatelens.readout.select import Selection, select_paths
 from gatelens.readout.stitch import Stitcher, is_step_call
 from gatelens.report.index import dirname, index_page
@@ -246,6 +246,7 @@ class Lens:
         name = path or type(model).__name__
 
         def run(ids: Tensor) -> Captured:
+            refuse_global_hooks(f"Lens: {name}", type(module).__name__)
             calls: list[tuple[Any, Any]] = []
             steps = Stitcher(fam)
 
@@ -258,7 +259,7 @@ class Lens:
             flags = {m: m.training for m in model.modules()}
             try:
                 model.eval()
-                with torch.no_grad(), recurrent_outputs(self.modules.values()) as seen:
+                with torch.no_grad(), recurrent_outputs(self.families.values()) as seen:
                     out = self._forward(model, ids)
             finally:
                 handle.remove()

@@ -4,11 +4,13 @@ The output-level reach and the context figures read logits (B, T, V). A model re
 them in many ways; ``find_logits`` takes them only where they are logits:
 
 - a dict or an HF ``ModelOutput`` (or any object) with a ``logits`` tensor: that one;
-- a Tensor: itself; a tuple or list: its tensors shaped (B, T, V) against the windows and
-  the vocabulary, whatever their position ((h, logits) as well as (logits, state));
-- several tensors of that shape ((h, logits) with H = V): the recurrent modules' own
-  outputs are not logits and are left out; if more than one remains, no reach, with a
-  note saying why;
+- a Tensor: itself; a tuple, list or dict: its floating-point tensors (nested too) shaped
+  (B, T, V) against the windows and the vocabulary, whatever their position ((h, logits)
+  as well as (logits, state));
+- the recurrent modules' own outputs are never the logits (with H = V, (h, logits) or a
+  bare h have the shape too): left out, and if more than one tensor remains, or none, no
+  reach, with a note saying why;
+- logits holding NaN or +inf are no distribution: no reach, with a note;
 - probabilities (every entry ≥ 0, every row summing to 1: a softmax output) are turned
   into their logarithms, log-probabilities, which are logits of the same distribution
   (softmax(log p) = p), with a note; log-probabilities are logits as they are.
@@ -47,19 +49,31 @@ class Found:
     note: str | None = None
 
 
-def candidates(output: Any) -> list[tuple[str, Tensor]]:
-    """(where, tensor) of every tensor that may be the logits, in order."""
+def candidates(output: Any, where: str = "", depth: int = 0) -> list[tuple[str, Tensor]]:
+    """(where, tensor) of every floating-point tensor that may be the logits, in order: the
+    output itself, a dict's or an object's ``logits``, else every tensor inside tuples,
+    lists and dicts, nested (``((logits,), h)``) up to 4 levels. Integer tensors (ids,
+    counts) are never logits."""
     if isinstance(output, Tensor):
-        return [("the output", output)]
+        return [(where or "the output", output)] if output.is_floating_point() else []
     value = output.get("logits") if isinstance(output, Mapping) else getattr(
         output, "logits", None)
     if isinstance(value, Tensor):
-        return [("its 'logits'", value)]
+        return candidates(value, f"{where}['logits']" if where else "its 'logits'", depth)
+    if depth >= 4:
+        return []
     if isinstance(output, Mapping):
-        return [(f"its {k!r}", v) for k, v in output.items() if isinstance(v, Tensor)]
-    if isinstance(output, (tuple, list)):
-        return [(f"its element {i}", v) for i, v in enumerate(output) if isinstance(v, Tensor)]
-    return []
+        items = [(f"[{k!r}]", v) for k, v in output.items()]
+    elif isinstance(output, (tuple, list)):
+        items = [(f"[{i}]", v) for i, v in enumerate(output)]
+    else:
+        return []
+    out = []
+    for key, v in items:
+        out += candidates(v, f"{where}{key}" if where else f"its element {key[1:-1]}"
+                          if isinstance(output, (tuple, list)) else f"its {key[1:-1]}",
+                          depth + 1)
+    return out
 
 
 def is_probabilities(x: Tensor) -> bool:
@@ -89,7 +103,7 @@ def find_logits(output: Any, batch: int, length: int, vocab: int | None,
     note names the shape it got."""
     cands = candidates(output)
     if not cands:
-        return Found(None, "the model gave no tensor output to compare")
+        return Found(None, "the model gave no floating-point tensor output to compare")
     want = (batch, length)
 
     def fits(t: Tensor) -> bool:
@@ -99,9 +113,13 @@ def find_logits(output: Any, batch: int, length: int, vocab: int | None,
     fit = [(w, t) for w, t in cands if fits(t)]
     if not fit:
         return Found(cands[0][1])  # not logits: measure's note names its shape
-    avoid = list(avoid)
-    if len(fit) > 1:
-        fit = [(w, t) for w, t in fit if not any(_same(t, a) for a in avoid)] or fit
+    avoid = list(avoid)  # a recurrent module's own output is h, never the logits
+    mine = [w for w, t in fit if any(_same(t, a) for a in avoid)]
+    fit = [(w, t) for w, t in fit if w not in mine]
+    if not fit:
+        return Found(None, f"the model's output ({mine[0]}) is a recurrent module's own "
+                           "output, not logits; return the logits (alone, or under the key "
+                           "'logits')")
     if len(fit) > 1:
         shape = f"({batch}, {length}, {fit[0][1].shape[-1]})"
         return Found(None, f"the model's output holds {len(fit)} tensors shaped {shape} "
@@ -109,6 +127,9 @@ def find_logits(output: Any, batch: int, length: int, vocab: int | None,
                            "output, so gatelens cannot tell which is the logits; return the "
                            "logits alone or under the key 'logits'")
     where, logits = fit[0]
+    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
+        return Found(None, f"the model's logits ({where}) hold NaN or +inf, so its "
+                           "predictions are not distributions; no output-level figure")
     if is_probabilities(logits):
         return Found(logits.log(), f"the model returns probabilities ({where}: every entry "
                                    ">= 0, every row summing to 1), not logits; the reach and "
@@ -118,9 +139,10 @@ def find_logits(output: Any, batch: int, length: int, vocab: int | None,
 
 
 @contextlib.contextmanager
-def recurrent_outputs(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
-    """The first tensor each of ``modules`` returns while the block runs (their h, which
-    is not the logits), by forward hooks removed afterwards."""
+def recurrent_outputs(families: Iterable[Any]) -> Iterator[list[Tensor]]:
+    """The first tensor each of the ``families``' modules returns while the block runs
+    (their h, which is not the logits; a family whose module returns the model's logits,
+    ``output_is_logits``, is left out), by forward hooks removed afterwards."""
     seen: list[Tensor] = []
 
     def hook(mod: nn.Module, args: tuple, output: Any) -> None:
@@ -129,7 +151,8 @@ def recurrent_outputs(modules: Iterable[nn.Module]) -> Iterator[list[Tensor]]:
         if isinstance(data, Tensor):
             seen.append(data)
 
-    handles = [m.register_forward_hook(mark(hook)) for m in modules]
+    handles = [f.module.register_forward_hook(mark(hook)) for f in families
+               if not getattr(f, "output_is_logits", False)]
     try:
         yield seen
     finally:

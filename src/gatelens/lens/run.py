@@ -27,7 +27,7 @@ import torch
 from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.training.model import CharLM, initial_keep_value
-from gatelens.training.runs import checkpoint_steps, read_history
+from gatelens.training.runs import checkpoint_steps, history_rows, read_history
 from gatelens.training.runs import load_run as load_files
 
 ALL = "all"  # --windows all: every whole window of the text
@@ -109,11 +109,15 @@ class Run:
             return ids, str(text)
         info = self.config.get("corpus", {})
         name = info.get("name") or self.config["train"]["corpus"]
+        sha = info.get("sha256")
+        if not sha:  # gatelens always records it: a config.json edited to read another file
+            raise GatelensError(f'{self.run / "config.json"}: "corpus.sha256" is missing, so '
+                                f"gatelens cannot check that {name} is the text this run was "
+                                "trained on (and reads no file unchecked); pass --text FILE")
         if not Path(name).exists() and info.get("source") and Path(info["source"]).exists():
             name = info["source"]  # a relative corpus path, seen from another directory
         corpus = load_corpus(name)
-        sha = info.get("sha256")
-        if sha and hashlib.sha256(corpus.text.encode("utf-8")).hexdigest() != sha:
+        if hashlib.sha256(corpus.text.encode("utf-8")).hexdigest() != sha:
             raise GatelensError(f"{name}: this corpus has changed since the run was trained "
                                 "(sha256 differs); pass --text FILE")
         _, val_text = split(corpus.text)
@@ -130,5 +134,6 @@ def load_run(run: str | Path, checkpoint: str | int = "best", *,
     weights are refused naming the tensor unless ``check_finite=False``.
     """
     loaded = load_files(run, checkpoint, check_finite=check_finite)
+    history_rows(loaded.run)  # history.csv checked before any work (read for the report)
     return Run(loaded.model, loaded.run, str(checkpoint), loaded.step, loaded.config,
                list(loaded.vocab.chars))

@@ -231,7 +231,9 @@ def _inferred(name: str, mod: nn.Module, alone: str) -> str:
                "tanh assumed" + ("" if info["reset_after"] is None else
                                  f", reset_after={info['reset_after']} from the bias's shape"))
     return (f"weights-only file (no model_config): layer {name!r} read by its group name as "
-            f"{info['class']} from its weights' shapes ({how})"
+            f"{info['class']} from its weights' shapes ({how}); no mask applied (an Embedding's"
+            " mask_zero or a Masking layer is not in the weights: if the model had one, Keras "
+            "skipped the masked steps this read-out reads)"
             + (f"; layers with weights, not recurrent, left alone: {alone}" if alone else ""))
 
 

@@ -138,6 +138,26 @@ def _weight(consts: Constants, found: Found, index: int, what: str, where: str,
     return v
 
 
+def _check_lengths(found: Found, consts: Constants, where: str) -> None:
+    """A constant ``sequence_lens`` is refused: onnxruntime runs each sequence only that
+    many steps (and a batch of that size only), while a module of the node reads whole
+    windows of any batch, so an analysis would read steps the runtime never runs (it was
+    "passed" for [2, 2] on windows of 24). One a graph input gives is the caller's, checked
+    where it runs (``trace_onnx``); an analysis feeds whole windows."""
+    node = found.node
+    if len(node.input) <= 4 or not node.input[4]:
+        return
+    try:
+        lens = consts.value(node.input[4])
+    except GatelensError:  # from a graph input
+        return
+    shown = np.asarray(lens).reshape(-1).tolist()
+    raise GatelensError(f"{where}: ONNX node {found.name!r}: sequence_lens is the constant "
+                        f"{shown[:8]}{' ...' if len(shown) > 8 else ''}: onnxruntime runs each "
+                        "sequence that many steps (a batch of that size only), gatelens reads "
+                        "whole windows; export the node without a constant sequence_lens")
+
+
 def _blocks(a: np.ndarray, op: str, H: int) -> np.ndarray:
     """Rows of (D, G·H, ·) (or (D, G·H)) in PyTorch's chunk order."""
     return np.concatenate([a[:, k * H : (k + 1) * H] for k in ORDER[op]], axis=1)
@@ -157,6 +177,7 @@ def build_module(found: Found, consts: Constants, where: str = "") -> nn.Module:
     R = _weight(consts, found, 2, "R", where, (D, G, H))
     B = _weight(consts, found, 3, "B", where, (D, 2 * G))
     P = _weight(consts, found, 7, "P", where, (D, 3 * H)) if op == "LSTM" else None
+    _check_lengths(found, consts, where)
     if B is None:
         B = np.zeros((D, 2 * G), W.dtype)
     if len({a.dtype for a in (W, R, B) if a is not None} | ({P.dtype} if P is not None

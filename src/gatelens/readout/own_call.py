@@ -149,14 +149,46 @@ def _clone(x: Any) -> Any:
     return x
 
 
+def refuse_global_hooks(what: str, cls: str) -> None:
+    """A global forward pre-hook or forward hook (``register_module_forward_pre_hook``,
+    ``register_module_forward_hook``) is a one-line GatelensError: it runs on every call of
+    every module, the one-layer modules gatelens runs to check a read-out included (a
+    global pre-hook scaling an LSTM's input made the one-step check fail by 0.28 on a
+    correct read-out), and a global forward hook leaves no way to tell ``cls``'s own output
+    from what it made of it."""
+    glob = [h for h in user_hooks(nn.Module()) if h.startswith("global")]
+    if glob:
+        raise GatelensError(
+            f"{what}: a {glob[0]} runs on every module's call, the modules gatelens runs to "
+            f"check {cls}'s read-out included, so no read-out of {cls} could be checked "
+            "against its own call; remove it while tracing (its handle's .remove())")
+
+
+def refuse_random_call(module: nn.Module, what: str) -> None:
+    """A verdict on a stack in training mode with dropout between its layers is refused:
+    its call drops units at random, so no read-out (gatelens reads it as in eval mode) is
+    its trajectory, and "passed" would say one was (0.07 apart on a 2-layer LSTM)."""
+    p, layers = getattr(module, "dropout", 0), getattr(module, "num_layers", 1)
+    if (isinstance(module, nn.RNNBase) and module.training and isinstance(p, float | int)
+            and p > 0 and layers > 1):
+        cls = type(module).__name__
+        raise GatelensError(
+            f"{what}: {cls} is in training mode with dropout {p} between its {layers} layers, "
+            f"so its call drops units at random and no trace is its trajectory; call "
+            f"{cls}.eval() first (gatelens reads it as in eval mode)")
+
+
 def own_call(module: nn.Module, inputs: Any, state: Any, what: str,
              split: Any = None, runs_hooks: bool = True) -> OwnCall:
     """``module(inputs[, state])`` once, hooks included (see the module docstring), under
     torch.no_grad(). ``split`` maps (args, kwargs) to (inputs, state) (a family's
     ``split_call``; default: the first two positional arguments). ``runs_hooks`` False (a
     family whose read-out is not the module's one call): any hook but prune's is refused.
-    A forward hook that changed the output, or a global forward hook, is a GatelensError
-    naming it."""
+    A forward hook that changed the output, or a global hook, is a GatelensError naming
+    it; so is a verdict (``what`` "verify()") on a stack whose call is random
+    (``refuse_random_call``)."""
+    if what.startswith("verify"):
+        refuse_random_call(module, what)
     hooks = user_hooks(module, prune=runs_hooks)
     if not hooks:
         return OwnCall(inputs, state, None, [])
@@ -166,11 +198,7 @@ def own_call(module: nn.Module, inputs: Any, state: Any, what: str,
             f"{what}: {cls} has a {hooks[0]}; gatelens reads a {cls} in its own way, not as "
             "one call with its hooks, so a trace would not be what its call computes: remove "
             "the hook (its handle's .remove()) or read the model around it with Lens")
-    glob = [h for h in hooks if h.startswith("global forward hook")]
-    if glob:
-        raise GatelensError(
-            f"{what}: a {glob[0]} runs on every module's output, so gatelens cannot tell "
-            f"{cls}'s own output from what it made of it; remove it while tracing")
+    refuse_global_hooks(what, cls)
     seen: dict[str, Any] = {}
 
     def received(mod: nn.Module, args: tuple, kwargs: dict) -> None:

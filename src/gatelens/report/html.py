@@ -25,8 +25,9 @@ from gatelens.errors import GatelensError
 from gatelens.io import atomic_write_json, atomic_write_text
 from gatelens.report.html_data import encode_plot, page_data, plots_inside
 from gatelens.report.html_tables import report_tables
+from gatelens.report.json_report import VERSION, schema
 from gatelens.report.words import in_unit, unit_of
-from gatelens.schema_check import check_fields
+from gatelens.schema_check import check_fields, check_schema
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -179,6 +180,8 @@ def rebuild_html(out_dir: str | Path, notes: list[str] | None = None) -> Path:
         check_fields(data, PAGE_FIELDS, out / "page_data.json",
                      required=("meta", "chars", "texts", "models"))
         check_fields(report, REPORT_FIELDS, out / "report.json", required=("model",))
+        if report.get("version") == VERSION:  # what this gatelens writes: its whole schema
+            check_schema(report, schema(), out / "report.json")
     except GatelensError as e:
         raise ValueError(str(e)) from None
     data["report"] = report
@@ -189,5 +192,10 @@ def rebuild_html(out_dir: str | Path, notes: list[str] | None = None) -> Path:
         notes.extend(left_out)
     data["plots"] = [encode_plot(p) for p in files]
     path = out / "report.html"
-    atomic_write_text(path, render_html(data))
+    try:  # an older report.json (no schema to hold it to) that does not render
+        page = render_html(data)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        raise ValueError(f"{out / 'report.json'}: not a report gatelens can render "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+    atomic_write_text(path, page)
     return path

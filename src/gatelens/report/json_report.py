@@ -230,6 +230,39 @@ def check_report(report: dict) -> None:
     json.dumps(report, allow_nan=False)  # no inf / nan may slip through
 
 
+#: What readers of report.json use beyond its schema (merge.py): their kinds (schema_check)
+_EXTRAS = {"control_losses": ("dict", None)}
+_CONTROL = {"memoryless_loss": ("number",), "best_loss": ("number",)}
+
+
+def read_report(path: Path) -> dict:
+    """A report.json read back (a study's merge): a regular UTF-8 file of JSON, an object;
+    one of this version held to its whole schema (``schema_check.check_schema``), the keys
+    readers use besides typed too. Anything else is one GatelensError naming the file and
+    the key."""
+    from gatelens.errors import GatelensError
+    from gatelens.io import SMALL_CAP, read_utf8
+    from gatelens.schema_check import check_fields, check_schema
+
+    try:
+        report = json.loads(read_utf8(path, "a report.json", SMALL_CAP))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise GatelensError(f"{path}: not a gatelens report ({type(e).__name__})") from None
+    if not isinstance(report, dict):
+        raise GatelensError(f"{path}: not a gatelens report (not a JSON object)")
+    if report.get("version") == VERSION:
+        check_schema(report, schema(), path)
+    check_fields(report, _EXTRAS, path)
+    if isinstance(report.get("control_losses"), dict):
+        check_fields(report["control_losses"], _CONTROL, path, "control_losses",
+                     required=tuple(_CONTROL))
+    for block, key, kinds in (("units", "per_unit", ("list", None)),
+                              ("model", "vocab_size", ("int", None))):
+        if isinstance(report.get(block), dict):
+            check_fields(report[block], {key: kinds}, path, block)
+    return report
+
+
 def write_report_json(path: Path, report: dict) -> None:
     """Write report.json atomically (allow_nan=False: infinities must already be null)."""
     atomic_write_json(path, report)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gatelens.errors import GatelensError, write_error
-from gatelens.io import atomic_write_text, replace_dir, temp_dir_beside
+from gatelens.errors import GatelensError, wrapped_os_error, write_error
+from gatelens.io import atomic_write, atomic_write_text, replace_dir, temp_dir_beside
 from gatelens.lock import is_lock_or_leftover
 from gatelens.report.html import write_html
 from gatelens.report.json_report import ARRAYS, report_arrays, write_report_json
@@ -72,7 +72,8 @@ def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> A
         if arrays:
             from safetensors.numpy import save_file
 
-            save_file({k: v.astype(np.float32) for k, v in arrays.items()}, str(tmp / ARRAYS))
+            atomic_write(tmp / ARRAYS, lambda t: save_file(  # a full disk: one line
+                {k: v.astype(np.float32) for k, v in arrays.items()}, str(t)))
         analysis.plots = write_plots(report, tmp / "plots", analysis.perturbation.curves,
                                      analysis.best_step, arrays) if plots else []
         if plots:
@@ -86,9 +87,27 @@ def write_analysis(analysis: Analysis, out: str | Path, plots: bool = True) -> A
     except BaseException as e:
         analysis.out = out
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise write_error(getattr(e, "filename", None) or out, e) from None
+        failed = wrapped_os_error(e)  # safetensors' "(os error 28)" is an OSError too
+        if failed is not None:  # named where it would have been, not in the gone tmp
+            where = _final(getattr(failed, "path", None) or failed.filename, tmp, out)
+            raise write_error(where, OSError(failed.errno, getattr(
+                failed, "reason", None) or failed.strerror)) from None
         raise
     analysis.out = out
     analysis.plots = [out / p.relative_to(tmp) for p in analysis.plots]
     return analysis
+
+
+def _final(path: object, tmp: Path, out: Path) -> Path:
+    """Where ``path`` (a file the write failed on, often inside the temporary directory
+    that is gone by now) would have been: under ``out``; ``out`` itself if unknown.
+
+    >>> str(_final("/a/.out.x1.tmp/plots/p.png", Path("/a/.out.x1.tmp"), Path("/a/out")))
+    '/a/out/plots/p.png'
+    """
+    if path is None:
+        return out
+    try:
+        return out / Path(path).relative_to(tmp)
+    except ValueError:
+        return Path(path)

@@ -156,8 +156,8 @@ def _expand(values: dict, tables: dict, analysis: dict, where: str,
                     raise GatelensError(f"{where}: [train] {MATCH}: {e}") from None
             if "init" in setting:
                 setting["forget_bias"], setting["chrono"] = parse_init(setting.pop("init"), "")
-            name = "_".join(f"{k}-{names[(k, json.dumps(v, sort_keys=True))]}"
-                            for k, v in (*condition.items(), ("seed", seed)))
+            name = _short("_".join(f"{k}-{names[(k, json.dumps(v, sort_keys=True))]}"
+                                   for k, v in (*condition.items(), ("seed", seed))))
             cfg = TrainConfig(**setting)
             try:
                 cfg.validate()
@@ -170,6 +170,23 @@ def _expand(values: dict, tables: dict, analysis: dict, where: str,
             trials[k] = Trial(f"{t.id}-{_digest(t)}", t.condition, t.seed, t.train, t.analysis)
         seen.add(trials[k].id)
     return trials
+
+
+#: The longest trial id kept whole: it names a directory (255 bytes at most), and a
+#: 240-character corpus file name made one of 258 that no directory could have.
+MAX_ID = 120
+
+
+def _short(name: str) -> str:
+    """A trial id cut to ``MAX_ID`` characters, with 8 hex digits of the whole id so two
+    long ids never share a directory; a shorter one as it is.
+
+    >>> _short("seed-0"), len(_short("corpus-" + "c" * 300 + "_seed-0"))
+    ('seed-0', 120)
+    """
+    if len(name) <= MAX_ID:
+        return name
+    return f"{name[:MAX_ID - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _digest(t: Trial) -> str:

@@ -22,7 +22,8 @@ import statistics
 from pathlib import Path
 
 from gatelens.analysis.units import half_life
-from gatelens.io import SMALL_CAP, atomic_write_many, path_inside, read_utf8
+from gatelens.io import atomic_write_many, path_inside
+from gatelens.report.json_report import read_report
 from gatelens.report.study import FIGURES, render_html, render_markdown, study_plots
 from gatelens.studies.spec import StudySpec, condition_label
 from gatelens.studies.trial import TRIALS
@@ -82,7 +83,7 @@ def trial_figures(record: dict, out: Path) -> dict:
     for k, ck in enumerate(record["checkpoints"]):
         where = f"{out / TRIALS / str(record['id']) / 'trial.json'}: checkpoints[{k}].report"
         path = path_inside(out, ck.get("report"), where)  # never out of the study
-        report = json.loads(read_utf8(path, "a report.json", SMALL_CAP))
+        report = read_report(path)  # checked: a hand-edited trial's report is one line
         vocab = (report.get("model") or {}).get("vocab_size", vocab)
         per_unit = (report.get("units") or {}).get("per_unit")  # the last one stays
         control = report.get("control_losses")

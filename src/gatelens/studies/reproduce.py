@@ -55,10 +55,13 @@ def _say(progress: bool, msg: str) -> None:
 
 
 def _stop_if_interrupted(result) -> None:
-    """Ctrl-C inside train() ends training cleanly; reproduce must stop there too."""
+    """Ctrl-C (or SIGTERM, SIGHUP) inside train() ends training cleanly; reproduce stops
+    there too, with one line saying where (the exit code 128 + the signal)."""
     if getattr(result, "interrupted", False):
-        signum = getattr(result, "signum", None)  # SIGTERM, SIGHUP: exit 128 + it, not 130
-        raise Stopped(signum) if signum not in (None, signal.SIGINT) else KeyboardInterrupt
+        signum = getattr(result, "signum", None) or signal.SIGINT
+        raise Stopped(signum, f"{result.run.name} stopped at step {result.steps_done} of "
+                              f"{result.steps}; rerun the same `gatelens reproduce` command "
+                              "to continue")
 
 
 def ensure_run(cfg: TrainConfig, run: Path, progress: bool = True) -> str:

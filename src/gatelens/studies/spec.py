@@ -20,7 +20,8 @@ number is written with an ``m`` (seed −3: ``seed-m3``). The id of a value depe
 value and the ones listed before it on its axis only, so extending a grid (a value added
 at the end of an axis, or a new axis value anywhere that names differently) keeps every
 existing trial's id: of two values with one name (two corpus files called tiny.txt in
-two directories) the first keeps the name and the later one gets a digest of itself.
+two directories) the first keeps the name and the later one gets a digest of itself. An id
+over 120 characters (a long file name) is cut, with a digest of the whole id.
 
 >>> spec = parse_spec({"grid": {"cell": ["lstm", "gru"], "seed": [0, 1]},
 ...                    "train": {"hidden": 8}})
@@ -272,6 +273,32 @@ def check_corpora(trials: list[Trial]) -> None:
                 check_regular(corpus, "a UTF-8 corpus")
             except GatelensError as e:
                 raise GatelensError(f"corpus {e}") from None
+
+
+def check_sizes(trials: list[Trial]) -> None:
+    """Every trial fits in this machine's memory (training/fits.py: its parameters with
+    their gradients and optimiser state, and one batch), checked on the meta device before
+    Ray starts; the first that cannot is a one-line GatelensError naming it (before: each
+    such trial failed alone, and the start-up estimate built the first one for real)."""
+    from gatelens.training.model import check_fits
+    from gatelens.training.train import model_config
+
+    seen = set()
+    for t in trials:
+        cfg = t.config()
+        key = json.dumps([model_config(cfg), cfg.corpus, cfg.batch, cfg.seq, cfg.optimizer],
+                         sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            vocab = vocab_size(cfg.corpus)
+        except GatelensError:  # a text that does not decode: that trial's own failure
+            continue
+        try:
+            check_fits(cfg, model_config(cfg), vocab)
+        except GatelensError as e:
+            raise GatelensError(f"trial {t.id}: {e}") from None
 
 
 def corpora_outside(spec: StudySpec, trials: list[Trial]) -> list[str]:

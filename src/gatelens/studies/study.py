@@ -46,6 +46,7 @@ from gatelens.studies.spec import (
     StudySpec,
     Trial,
     check_corpora,
+    check_sizes,
     corpora_outside,
     load_preset,
     load_spec,
@@ -328,7 +329,10 @@ def _run_study(spec: StudySpec, out: Path, workers: int | None, address: str | N
     records: list[dict] = list(reused)
     if todo:
         check_corpora(todo)  # before Ray and before any work
+        check_sizes(todo)
         _import_ray()  # a missing Ray is a one-line error
+        if workers:  # more workers than trials to run have nothing to do (and Ray takes at
+            workers = min(workers, len(todo))  # most 1e14 CPUs: --workers 2**62 failed)
         workers_n = workers or (os.cpu_count() or 1)
         outside = corpora_outside(spec, todo)
         note = (f"; corpus {', '.join(outside)} is outside {Path(spec.where).parent}/ (its "

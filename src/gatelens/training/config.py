@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 
 from gatelens.errors import SEED_MAX, SEED_MIN, GatelensError
 from gatelens.families.registry import cell_names, check_build, recipe, recipes
+from gatelens.training.fits import MAX_LAYERS, MAX_UNITS, check_bounds
 
 #: ``--optimizer`` choices (gatelens.training.optim builds them with PyTorch's defaults).
 OPTIMIZER_NAMES = ("adam", "sgd", "rmsprop")
@@ -57,6 +58,10 @@ class TrainConfig:
         if self.embed is not None and (not isinstance(self.embed, int)
                                        or isinstance(self.embed, bool) or self.embed <= 0):
             raise GatelensError(f"--embed must be a positive integer, got {self.embed}")
+        for flag, v, most in (("--hidden", self.hidden, MAX_UNITS),
+                              ("--embed", self.embed or 1, MAX_UNITS),
+                              ("--layers", self.layers, MAX_LAYERS)):
+            check_bounds(flag, v, most)  # beyond any model; its shapes stay computable
         r = recipe(self.cell)
         self.cell = r.name  # an alias (an earlier --cell name) becomes the family's name
         if self.nonlinearity not in ("tanh", "relu"):

@@ -26,6 +26,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.recipe import Recipe
 from gatelens.families.registry import check_build, recipe
 from gatelens.training.config import check_chrono
+from gatelens.training.fits import check_training_fits
 
 
 class CharLM(nn.Module):
@@ -227,6 +228,13 @@ def parameter_count(model: dict, vocab_size: int) -> int:
     with torch.device("meta"):
         m = build_lm(model, vocab_size)
     return sum(p.numel() for p in m.parameters())
+
+
+def check_fits(cfg, model: dict, vocab_size: int) -> None:
+    """GatelensError before training ``cfg`` (a TrainConfig; ``model`` its config.json
+    model block) on ``vocab_size`` characters that cannot fit in this machine's memory
+    (training/fits.py): its parameters counted on the meta device, nothing allocated."""
+    check_training_fits(cfg, parameter_count(model, vocab_size), vocab_size)
 
 
 def matched_hidden(model: dict, target: int, vocab_size: int) -> int:

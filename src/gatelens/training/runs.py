@@ -15,7 +15,9 @@ disk). Weights holding NaN or Inf are refused by default (``check_finite``).
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,16 +123,41 @@ def read_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return _safetensors_call(path, shapes)
 
 
+#: The largest history.csv read (a row a step, ~30 bytes: some 8 million steps).
+HISTORY_CAP = 256 * 1024**2
+#: history.csv's columns: step an integer, the others numbers or empty (not taken then)
+_HISTORY_KINDS = {"step": int, "train_loss": float, "val_loss": float, "seconds": float}
+
+
 def history_rows(run: str | Path) -> list[dict[str, str]]:
     """RUN/history.csv as rows of strings (step, train_loss, val_loss, seconds); [] if absent.
 
-    An empty field is a value not taken at that step (val_loss off evaluation steps).
+    An empty field is a value not taken at that step (val_loss off evaluation steps). The
+    file is checked before use (a regular UTF-8 file under ``HISTORY_CAP``, each row's step
+    an integer and its losses numbers or empty): anything else is one line naming the file,
+    the row and the column.
     """
     path = Path(run) / HISTORY
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
-    with open(path, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
+    text = read_utf8(path, "a gatelens history.csv", HISTORY_CAP)
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise GatelensError(f"{path}: not a gatelens history.csv ({e})") from None
+    for k, row in enumerate(rows, start=2):  # line 1 is the header
+        for col, kind in _HISTORY_KINDS.items():
+            value = row.get(col)
+            if value is None and col in ("step", "val_loss"):
+                raise GatelensError(f'{path}: line {k} has no "{col}"')
+            try:
+                if value:
+                    kind(value)  # a float may be nan: a diverged run's last loss
+            except ValueError:
+                raise GatelensError(f'{path}: line {k}: "{col}" must be '
+                                    f'{"an integer" if kind is int else "a number"}, '
+                                    f"got {value[:40]!r}") from None
+    return rows
 
 
 def read_config(run: str | Path) -> dict:
@@ -225,8 +252,8 @@ def _best_from_weights(run: Path, cfg: dict) -> None:
     try:  # train writes history.csv before the weights of a step
         val = next((round(float(r["val_loss"]), 6) for r in history_rows(run)
                     if r.get("step") == str(step) and r.get("val_loss")), None)
-    except (ValueError, TypeError, OSError, UnicodeDecodeError, csv.Error):
-        val = None
+    except (GatelensError, ValueError, TypeError, OSError):  # a broken history.csv: said
+        val = None  # by whatever reads it next
     cfg["best"] = {"step": step, "val_loss": val}
 
 
@@ -286,7 +313,9 @@ def load_run(run: str | Path, checkpoint: str | int = "best", *,
             expected = {k: tuple(v.shape) for k, v in
                         build_lm(cfg["model"], len(cfg["vocab"])).state_dict().items()}
     except (ValueError, TypeError, RuntimeError, KeyError) as e:
-        raise GatelensError(f"{run / CONFIG}: not a model gatelens can build ({e})") from None
+        why = " ".join(str(e).split())
+        raise GatelensError(f"{run / CONFIG}: not a model gatelens can build "
+                            f"({why[:157] + '...' if len(why) > 160 else why})") from None
     shapes = read_shapes(path)
     missing = sorted(set(expected) - set(shapes))
     extra = sorted(set(shapes) - set(expected))
@@ -323,6 +352,6 @@ def read_history(run: Path) -> dict | None:
             if row.get("train_loss"):
                 out["train_step"].append(step)
                 out["train_loss"].append(float(row["train_loss"]))
-        except (KeyError, ValueError):
-            continue  # a malformed row is left out of the plot, not fatal
+        except (KeyError, ValueError):  # history_rows refused malformed rows already
+            continue
     return out if out["step"] or out["train_step"] else None

@@ -48,6 +48,7 @@ from gatelens.training.model import (
     CharLM,
     OfficialLM,
     build_lm,
+    check_fits,
     set_chrono,
     set_forget_bias,
     zero_biases,
@@ -209,6 +210,13 @@ class TrainResult:
     best_val_loss: float
     interrupted: bool
     signum: int | None = None  # the signal that stopped it (SIGINT, SIGTERM, SIGHUP)
+    steps: int = 0  # the steps it was to train (steps_done of them, if interrupted)
+
+    def stop_line(self) -> str:
+        """What to say of an interrupted run: where it stopped, and how to continue it."""
+        by = f" ({signal_name(self.signum)})" if self.signum is not None else ""
+        return (f"stopped at step {self.steps_done} of {self.steps}{by}; continue with "
+                f"`gatelens train --resume --out {self.run}`")
 
 
 class TrainingDiverged(CheckFailed):
@@ -260,7 +268,6 @@ def train(cfg: TrainConfig | None, out: str | Path, resume: bool = False,
             raise
 
 
-
 def _finite(model: CharLM) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
@@ -291,6 +298,7 @@ def _train(cfg: TrainConfig | None, out: Path, resume: bool, progress: bool,
     if resume and data.sha256 != saved["corpus"]["sha256"]:
         raise GatelensError(f"{out}: the corpus {cfg.corpus} is not the text this run was "
                             "trained on (sha256 differs)")
+    check_fits(cfg, model_config(cfg), data.vocab.size)  # before a model too large exists
     model = build(cfg, data.vocab.size).to(device)
     opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)  # batches: saved and restored on resume
@@ -386,10 +394,6 @@ def _train(cfg: TrainConfig | None, out: Path, resume: bool, progress: bool,
             f"{config['steps_done']}, and its best step {config['best']['step']}")
     config["status"] = "interrupted" if interrupted and step < cfg.steps else "done"
     atomic_write_json(out / CONFIG, config)
-    stopped = interrupted and step < cfg.steps
-    if stopped:
-        by = f" ({signal_name(flag.signum)})" if flag.signum is not None else ""
-        print(f"gatelens: stopped at step {step} of {cfg.steps}{by}; continue with "
-              f"`gatelens train --resume --out {out}`", file=sys.stderr)
+    stopped = interrupted and step < cfg.steps  # the caller says so (cli, reproduce)
     return TrainResult(out, step, config["best"]["step"], config["best"]["val_loss"],
-                       stopped, flag.signum if stopped else None)
+                       stopped, flag.signum if stopped else None, cfg.steps)
