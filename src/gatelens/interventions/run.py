@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul, quiet_onednn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family, Readout
+from gatelens.families.official_edit import ENTRY, clean_entry, entry_cut
 from gatelens.interventions.edits import Edit
 from gatelens.interventions.resolve import Resolved, plan_of, resolve
 from gatelens.readout.hooks import CellCache, family_calls, in_family_call, open_cells
@@ -47,10 +49,18 @@ class RunResult:
     edits: list[Edit] = field(default_factory=list)
 
 
+def _names(fam: Family) -> list[str]:
+    """The names an edit of ``fam`` may take: its trace names, and each layer's write
+    ``layerK.entry`` where its step takes one (families/official_edit.py)."""
+    if entry_cut(fam) is None:
+        return fam.names()
+    return fam.names() + [f"{layer_name(k)}.{ENTRY}" for k in range(fam.num_layers)]
+
+
 def _keys(lens: Lens) -> dict[str, tuple[str, str]]:
-    """Every trace key -> (module path, trace name), in the model's order."""
+    """Every key an edit may name -> (module path, trace name), in the model's order."""
     return {(f"{path}.{n}" if path else n): (path, n)
-            for path, fam in lens.families.items() for n in fam.names()}
+            for path, fam in lens.families.items() for n in _names(fam)}
 
 
 def _forward(lens: Lens, ids: Tensor, grad: bool = False) -> Any:
@@ -67,11 +77,20 @@ def _forward(lens: Lens, ids: Tensor, grad: bool = False) -> Any:
             m.training = flag
 
 
-def clean_trace(lens: Lens, ids: Tensor) -> dict[str, Tensor]:
-    """The unedited run's trace on ids, flat (``open_cells``'s keys)."""
+def clean_trace(lens: Lens, ids: Tensor, entries: bool = False) -> dict[str, Tensor]:
+    """The unedited run's trace on ids, flat (``open_cells``'s keys); ``entries``: with
+    each layer's write ``entry`` where the family has one (from that run's own signals)."""
     with open_cells(lens.model) as cache:
         _forward(lens, ids)
-    return {k: cache[k] for k in cache}
+    out = {k: cache[k] for k in cache}
+    for path, fam in lens.families.items() if entries else ():
+        traces = cache.traces.get(path) or []
+        if entry_cut(fam) is None or len(traces) != 1:
+            continue
+        for k in range(fam.num_layers):
+            name = f"{layer_name(k)}.{ENTRY}"
+            out[f"{path}.{name}" if path else name] = clean_entry(fam, traces[0], k)
+    return out
 
 
 @dataclass
@@ -146,8 +165,10 @@ def _edited_trace(cache: CellCache, state: _Edited) -> None:
     cache.max_abs_diff.pop(path, None)  # it compared a read-out with the edited output
     traces = cache.traces.get(path, [])
     for offset, call, sig in state.done:
-        if not state.steps:  # one call on the whole sequence
-            traces[0] = assemble(fam, call, Readout(sig), edited=True)
+        if not state.steps:  # one call on the whole sequence; the unit of each state
+            units = traces[0].meta.get("state_units") if traces else None  # coordinate kept
+            meta = {} if units is None else {"state_units": units}
+            traces[0] = assemble(fam, call, Readout(sig, meta=meta), edited=True)
             continue
         for n, tr in enumerate(traces):  # the stitched trajectory holding this call
             first = int(tr.meta.get("first_call", 0))
@@ -172,7 +193,8 @@ def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit], *, trace: bool = T
     if isinstance(edits, (Edit, str)) or not isinstance(edits, Sequence):
         raise GatelensError("edits must be a list of gatelens.Set, Add, Scale, Zero, Mean or "
                             f"Patch; got {type(edits).__name__}")
-    resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x), ids)
+    entries = any(isinstance(e, Edit) and str(e.name).endswith(f".{ENTRY}") for e in edits)
+    resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x, entries), ids)
     states = {p: _Edited(lens.families[p], p) for p in dict.fromkeys(r.path for r in resolved)}
     T = int(ids.shape[1])
     if trace:  # a forward hook: the module's own output is spliced in before the first edit
