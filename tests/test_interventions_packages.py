@@ -80,9 +80,14 @@ def test_rwkv4_state_edits_are_its_own_recurrent_path_from_the_edited_state():
     lens, ids = gatelens.Lens(m, vocab=V), ids_of()
     with torch.no_grad():
         own = m(ids, use_cache=False).logits
-    s = lens.run(ids).trace["rwkv.layer1.s"]
-    same = lens.run(ids, edits=[gatelens.Set("rwkv.layer1.s", s[:, t0], at=t0)]).output.logits
+    clean = lens.run(ids).trace
+    s = clean["rwkv.layer1.s"]
+    res = lens.run(ids, edits=[gatelens.Set("rwkv.layer1.s", s[:, t0], at=t0)])
+    same = res.output.logits
     assert torch.equal(same[:, :t0], own[:, :t0]) and diff(same, own) < 1e-5
+    # the trace: the unedited read before the first edit (read once), the edited steps after
+    assert all(torch.equal(res.trace[k][:, :t0], clean[k][:, :t0]) for k in clean)
+    assert diff(res.trace["rwkv.layer1.s"], s) < 1e-4 * float(s.abs().max())
     # position t reads the state before its step: zeroing s_t moves t + 1 on, in every layer
     # as the cache's edit does (so two layers compare exactly)
     got = lens.run(ids, edits=[gatelens.Zero("rwkv.layer0.s", at=t0)]).output.logits

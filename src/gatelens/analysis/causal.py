@@ -106,19 +106,25 @@ def _held(mean: Tensor) -> Callable[[int, Tensor], Tensor]:
     return lambda t, v: mean.to(v).expand_as(v).clone()
 
 
-def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int) -> Trace:
+def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
+              uncut: Trace | None = None) -> Trace:
     """The module on the perturbed call, every ``RETURN_PATH`` letter of every layer set to
-    ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace."""
+    ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace.
+    ``uncut``: the perturbed run's own trace, which it is up to p + 1 (a family may then
+    leave those steps unread)."""
     letters = cuts(fam) or ()
     T = perturbed.length
 
     def value(k: int, g: str) -> Tensor:
         return clean_entry(fam, clean, k) if g == ENTRY else clean[f"{layer_name(k)}.{g}"]
 
-    plan = EditPlan(StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
-                               _patch(value(k, g)))
-                    for k in range(fam.num_layers) for g in letters if has(fam, k, g))
+    plan = EditPlan((StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
+                                _patch(value(k, g)))
+                     for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
+                    known=uncut is not None)
     _, sig = fam.intervene(perturbed, plan, None, 0)
+    sig = {n: v if v.shape[1] == T else torch.cat([uncut[n][:, : T - v.shape[1]].to(v.dtype),
+                                                   v], dim=1) for n, v in sig.items()}
     units = clean.meta.get("state_units")
     return assemble(fam, perturbed, Readout(sig, meta={} if units is None else
                                             {"state_units": units}), edited=True)

@@ -129,6 +129,8 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
     recipe = RGLRU_RECIPE
     units_name = "channel"
     uses_aux = True  # the reset at position 0, from the trajectory
+    #: the reset at position 0, which an edited run gives itself (families/official_edit.py)
+    live_aux = "reset"
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

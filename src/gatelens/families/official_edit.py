@@ -38,6 +38,7 @@ from torch import Tensor
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
 from gatelens.families.edit_plan import EditPlan
+from gatelens.families.prefill import Start, cut, start
 from gatelens.families.spec import layer_name
 
 __all__ = ["ENTRY", "clean_entry", "entry_cut", "intervene"]
@@ -134,7 +135,8 @@ def _first(plan: EditPlan, offset: int, T: int) -> int:
 def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
               ) -> tuple[Any, dict[str, Tensor]]:
     """The module's output with ``plan``'s edits and every signal of the edited
-    trajectory by trace name (B, T, ·); {} when ``plan.signals`` is False."""
+    trajectory by trace name (B, T, ·); {} when ``plan.signals`` is False, and from the
+    first edited position on only when ``plan.known`` (the caller reads those before)."""
     if call.state is not None:
         raise GatelensError(f"{fam.name}: an edited run starts from the zero state (no "
                             "cache)")
@@ -143,76 +145,94 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
     if derived:
         raise GatelensError(f"{derived[0]} is the package's own bookkeeping and feeds no "
                             f"step of the recurrence: edit the gates or the state ({fam.name})")
-    first = _first(plan, offset, call.length)
+    if output is None and getattr(fam, "own_output", None) is None:
+        raise GatelensError(f"{fam.name}: an edited run needs the module's own output")
+    first, L, B = _first(plan, offset, call.length), fam.num_layers, call.batch
     was = fam.module.training
     fam.module.eval()
     try:
         with torch.no_grad():
-            ref = fam.reference(call)  # the module's own run: its state after every step
-            signals = ({n: v.clone() for n, v in fam.read(call, ref).signals.items()}
-                       if plan.signals else {})
-        if output is None:  # the module's forward was not run (a sweep's lean run)
-            own_output = getattr(fam, "own_output", None)
-            if own_output is None:
-                raise GatelensError(f"{fam.name}: an edited run needs the module's own output")
-            with torch.no_grad():
-                output = own_output(call)
-        steps = _steps(fam, call, plan, ref, signals, first, offset)
+            if plan.signals and not plan.known:  # every position read here, by the family
+                ref = fam.reference(call)
+                signals = {n: v.clone() for n, v in fam.read(call, ref).signals.items()}
+            else:
+                signals = {}
+            # the module's own run before the first edit: its state there and its output
+            begin = start(fam, call, first, output is None) if first else Start(
+                None, [fam.initial_parts(k, B) for k in range(L)], [None] * L)
+            if output is None:
+                output = begin.output if first else fam.own_output(cut(call, 1))
+        rows, steps = _steps(fam, call, plan, begin, first, offset)
     finally:
         fam.module.train(was)
     own = _own(output)
-    hidden = own if not steps else torch.cat(
-        [own[:, :first], torch.stack(steps, dim=1).to(own.dtype)], dim=1)
-    sig = {n: signals[n] for n in fam.names()} if plan.signals else {}
-    return _as_returned(output, hidden), sig
+    hidden = torch.cat([own[:, :first], torch.stack(steps, dim=1).to(own.dtype)], dim=1) \
+        if steps else own
+    if not plan.signals:
+        return _as_returned(output, hidden), {}
+    for name, seq in rows.items():
+        got = torch.stack(seq, dim=1)  # (B, T − first, W)
+        if name in signals:
+            signals[name][:, first:] = got.to(signals[name].dtype)
+        else:
+            signals[name] = got.to(call.inputs.dtype)
+    return _as_returned(output, hidden), {n: signals[n] for n in fam.names()}
 
 
-def _steps(fam: Any, call: Call, plan: EditPlan, ref: Any, signals: dict[str, Tensor],
-           first: int, offset: int) -> list[Tensor]:
-    """The module's output at every step from ``first`` on, each layer's hand cell with
-    the plan's edits inside; ``signals`` (when wanted) overwritten there."""
+def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offset: int
+           ) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+    """From ``first`` on, each layer's hand cell with the plan's edits inside, from the
+    module's own state ``begin``: each signal's rows by trace name (when the plan wants
+    them) and the module's output at every step."""
     L, B, T = fam.num_layers, call.batch, call.length
     weights = getattr(fam, "edit_weights", None)
     m, dtype = (fam.module if weights is None else weights()), call.inputs.dtype
-    parts = [[p[:, first - 1].to(dtype) for p in ref.extra["parts"][k]] if first > 0
-             else [i.to(dtype) for i in fam.initial_parts(k, B)] for k in range(L)]
+    parts = [[p.to(dtype) for p in begin.parts[k]] for k in range(L)]
     live = getattr(fam, "live_aux", None)
-    stab = ([ref.extra["aux"][k][:, first - 1].to(dtype) if first > 0
-             else fam.initial_stabiliser(k, B).to(dtype) for k in range(L)]
-            if live == "stabiliser" else [])
-    cut = any(c.letter == ENTRY for c in plan.changes)
+    stab = ([begin.aux[k].to(dtype) if first else fam.initial_stabiliser(k, B).to(dtype)
+             for k in range(L)] if live == "stabiliser" else [])
+    cut_entry = any(c.letter == ENTRY for c in plan.changes)
+    rows: dict[str, list[Tensor]] = {}
     steps: list[Tensor] = []
     with torch.set_grad_enabled(plan.grad):
         for t in range(first, T):
             x, v_first = call.inputs[:, t], None
             for k in range(L):
                 name, at = layer_name(k), offset + t
-                aux = ref.extra["aux"][k]
-                aux = None if aux is None else aux[:, t]
-                kw: dict[str, Any] = {}
+                aux, kw = _aux(fam, live, t, B, x, v_first), {}
                 if live == "stabiliser":
-                    aux, kw = None, {"prev": stab[k]}
-                elif live == "first_value":
-                    aux = v_first
+                    kw = {"prev": stab[k]}
                 u = fam.pre(k, m, x)
-                s_prev = fam.state_of(k, parts[k]) if cut else None
-                edit = _with_entry(fam, k, plan.step_edit(name, at), s_prev, cut)
+                s_prev = fam.state_of(k, parts[k]) if cut_entry else None
+                edit = _with_entry(fam, k, plan.step_edit(name, at), s_prev, cut_entry)
                 sig, new, y = fam.step_cell(k, m, u, parts[k], aux, edit=edit, **kw)
                 handed, shown = sig, new
                 if plan.local(name, at):  # this position only: the state goes on unedited
-                    again = _with_entry(fam, k, plan.step_edit(name, at, True), s_prev, cut)
+                    again = _with_entry(fam, k, plan.step_edit(name, at, True), s_prev,
+                                        cut_entry)
                     handed, new, _ = fam.step_cell(k, m, u, parts[k], aux, edit=again, **kw)
                 if live == "stabiliser":
                     stab[k] = handed["m"]
                 y = edit("y", y)
                 if k == 0 and live == "first_value":
                     v_first = sig["v"]
-                if signals:
+                if plan.signals:
                     sig = {**sig, fam.spec.state: fam.state_of(k, shown), "y": y}
                     for letter in fam.letters(k):
-                        key = f"{name}.{letter}"
-                        signals[key][:, t] = sig[letter].reshape(B, -1).to(signals[key].dtype)
+                        rows.setdefault(f"{name}.{letter}", []).append(
+                            sig[letter].reshape(B, -1))
                 parts[k] = new
                 x = fam.post(k, m, x, y)
             steps.append(fam.final(m, x))
-    return steps
+    return rows, steps
+
+
+def _aux(fam: Any, live: str | None, t: int, B: int, x: Tensor, v_first: Tensor | None
+         ) -> Tensor | None:
+    """What step t of a layer reads besides its state (module docstring): RWKV-7's
+    v_first (the edited run's), RG-LRU's reset (1 at position 0), else nothing."""
+    if live == "first_value":
+        return v_first
+    if live == "reset":
+        return x.new_full((B, 1), 1.0 if t == 0 else 0.0)
+    return None

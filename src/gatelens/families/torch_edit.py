@@ -90,6 +90,14 @@ def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...]
     ys: list[Tensor] = []
     sigs: list[dict[str, Tensor]] = []
     j = 0
+    if plan.start is not None and not reverse and hand and hand[0] > 0:
+        # the unedited run's own prefix (a sweep's): its output and its state before the edit
+        j, given = hand[0], {s.rpartition(".")[2]: v for s, v in plan.start.items()
+                             if s.rpartition(".")[0] == name}
+        ys.append(given["h"][:, :j].to(x.dtype))
+        state = tuple(given[s][:, j - 1].to(x.dtype) for s in ("h", "c") if s in given)
+        if plan.signals:
+            sigs.append({s: v[:, :j] for s, v in given.items()})
     for n in [*hand, T]:
         if n > j:
             y, state, sig = _segment(fam1, mod, x[:, j:n], state, plan.signals)

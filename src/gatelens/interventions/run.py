@@ -14,7 +14,7 @@ really received), with each edited module's signals the edited trajectory's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +105,7 @@ class _Edited:
 
 
 def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
-          signals: bool = True):
+          signals: bool = True, start: Mapping[str, Tensor] | None = None):
     fam, name = state.fam, state.path or "the model"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -126,9 +126,12 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
         except (TypeError, ValueError) as e:
             raise GatelensError(f"{name}: {e}") from None
         plan = plan_of(resolved, state.path, length or call.length, name, grad, signals)
-        if not any(offset <= t < offset + call.length
-                   for layer in plan.layers() for t in plan.positions(layer)):
+        at = [t - offset for layer in plan.layers() for t in plan.positions(layer)
+              if offset <= t < offset + call.length]
+        if not at:
             return None
+        if length is None:  # one call on the whole window: open_cells reads it unedited
+            plan.known, plan.start = signals, start  # (its prefix kept, _edited_trace)
         with faithful_matmul(call.inputs.device), family_calls():
             out, sig = fam.intervene(call, plan, output, offset)
         state.done.append((offset, call, sig))
@@ -159,16 +162,28 @@ class _instead:
             self.module.forward = self.old
 
 
+def _given(cache: CellCache | None, path: str) -> dict[str, Tensor] | None:
+    """The unedited run's signals of the module at ``path`` (one call on the whole window;
+    else None: it runs its prefix itself)."""
+    traces = [] if cache is None else cache.traces.get(path) or []
+    if len(traces) != 1 or "first_call" in traces[0].meta:
+        return None
+    return dict(traces[0].tensors)
+
+
 def _edited_trace(cache: CellCache, state: _Edited) -> None:
     """Each edited module's entries of ``cache`` made the edited trajectory's."""
     fam, path = state.fam, state.path
     cache.max_abs_diff.pop(path, None)  # it compared a read-out with the edited output
     traces = cache.traces.get(path, [])
     for offset, call, sig in state.done:
-        if not state.steps:  # one call on the whole sequence; the unit of each state
-            units = traces[0].meta.get("state_units") if traces else None  # coordinate kept
+        if not state.steps:  # one call on the whole sequence; a family that gave only the
+            own, T = traces[0], call.length  # steps from its first edit on (plan.known) has
+            merged = {n: v if v.shape[1] == T else torch.cat(  # open_cells's read before it
+                [own[n][:, : T - v.shape[1]].to(v.dtype), v], dim=1) for n, v in sig.items()}
+            units = own.meta.get("state_units")  # the unit of each state coordinate, kept
             meta = {} if units is None else {"state_units": units}
-            traces[0] = assemble(fam, call, Readout(sig, meta=meta), edited=True)
+            traces[0] = assemble(fam, call, Readout(merged, meta=meta), edited=True)
             continue
         for n, tr in enumerate(traces):  # the stitched trajectory holding this call
             first = int(tr.meta.get("first_call", 0))
@@ -182,11 +197,14 @@ def _edited_trace(cache: CellCache, state: _Edited) -> None:
 
 
 def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit], *, trace: bool = True,
-              grad: bool = False) -> RunResult:
+              grad: bool = False, start: CellCache | None = None) -> RunResult:
     """``lens.model`` on ``ids`` (B, T) int64 with ``edits`` (see ``Lens.run``).
     ``trace=False``: no read-out of the edited run (``RunResult.trace`` is None; what a
     patching sweep, which reads only the output, runs); ``grad``: autograd on, through the
-    edited steps (a tensor value that requires grad gets its gradient)."""
+    edited steps (a tensor value that requires grad gets its gradient); ``start``: the
+    trace of the unedited run on these ids, from which a module called once on the whole
+    window may start at its first edit (its state and output before it) instead of
+    running its prefix (a sweep's many runs on one input)."""
     if not isinstance(ids, Tensor):
         raise GatelensError(f"Lens.run takes ids (B, T) int64; got {type(ids).__name__}")
     ids = lens.windows(ids, 1, int(ids.shape[-1]) if ids.ndim else 1)[0]
@@ -201,7 +219,8 @@ def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit], *, trace: bool = T
         handles = [lens.families[p].module.register_forward_hook(
             _hook(st, resolved, T, grad), with_kwargs=True) for p, st in states.items()]
     else:  # the output alone: an edited call does not run the module's own forward first
-        handles = [_instead(lens.families[p].module, _hook(st, resolved, T, grad, False))
+        handles = [_instead(lens.families[p].module, _hook(st, resolved, T, grad, False,
+                                                           _given(start, p)))
                    for p, st in states.items()]
     cache = None
     try:  # these hooks run before open_cells's, so it sees what each edited call returned
