@@ -27,6 +27,10 @@ from torch import Tensor
 
 from gatelens.cells.equations import StepEdit
 
+#: the write of an official family's step into its state, e_t = s_t − A_t(s_{t−1}): a
+#: letter a plan may edit besides the trace's (families/official_edit.py)
+ENTRY = "entry"
+
 
 @dataclass(frozen=True)
 class StepChange:

@@ -37,14 +37,13 @@ from torch import Tensor
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
-from gatelens.families.edit_plan import EditPlan
+from gatelens.families.edit_plan import ENTRY, EditPlan
+from gatelens.families.mamba_edit import applies, layer_steps
 from gatelens.families.prefill import Start, cut, start
 from gatelens.families.spec import layer_name
 
 __all__ = ["ENTRY", "clean_entry", "entry_cut", "intervene"]
 
-#: the write into the carried state, e_t = s_t − A_t(s_{t−1}): a letter plans may edit
-ENTRY = "entry"
 
 
 def takes_edits(fam: Any) -> bool:
@@ -162,7 +161,8 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
                 None, [fam.initial_parts(k, B) for k in range(L)], [None] * L)
             if output is None:
                 output = begin.output if first else fam.own_output(cut(call, 1))
-        rows, steps = _steps(fam, call, plan, begin, first, offset)
+        run = layer_steps if applies(fam) else _steps  # the selective scan: layer by layer
+        rows, steps = run(fam, call, plan, begin, first, offset)
     finally:
         fam.module.train(was)
     own = _own(output)

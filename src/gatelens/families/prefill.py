@@ -80,9 +80,9 @@ def _hf_mamba(fam: Any, call: Call, n: int, output: bool) -> Start:
 
 def _prefill(fam: Any):
     """The family's prefill, where its package has one (see the module docstring)."""
-    from gatelens.families.hf_mamba import HFMambaFamily
+    from gatelens.families.mamba_edit import base
 
-    return _hf_mamba if isinstance(fam, HFMambaFamily) else None
+    return _hf_mamba if base(fam, "HFMambaFamily") is not None else None
 
 
 def start(fam: Any, call: Call, n: int, output: bool = True) -> Start:
