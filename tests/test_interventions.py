@@ -310,9 +310,10 @@ def test_bad_edits_are_one_line_errors_listing_what_is_valid() -> None:
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_the_trace_before_the_first_edit_is_the_unedited_read(kind) -> None:
-    # read once: the edited trace holds open_cells's read of the unedited run before the
-    # first edit, the carried state the edit starts from (the kernel's own) one step before
-    # it, and the edited steps after (a layer below's edit reaches the layer above there)
+    # read once (the edit reads each stretch of the kernel, open_cells leaves the module
+    # alone): before the first edit the edited trace is the unedited read, bit for bit, the
+    # carried state one step before it the kernel's own, and the edited steps after (a
+    # layer below's edit reaches the layer above there)
     net, ids, t = Net(kind, 2), ids_of(5), 9
     lens = gatelens.Lens(net)
     clean = lens.run(ids).trace

@@ -169,6 +169,9 @@ class Family(abc.ABC):
     #: every call of the module is one step of the recurrence (a cell stepped by the
     #: caller), so a forward's calls are stitched into trajectories (readout/stitch.py)
     stepped: ClassVar[bool] = False
+    #: ``intervene`` reads a whole call's every position itself, stretch by stretch of the
+    #: module's own kernel, so a traced edited run reads the module once (interventions/run.py)
+    edit_reads_whole: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module

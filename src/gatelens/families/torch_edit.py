@@ -89,13 +89,9 @@ def _segment(fam1: Any, mod: nn.RNNBase, x: Tensor, state: tuple[Tensor, ...],
 
 
 def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...],
-           plan: EditPlan, offset: int, quiet: int = 0
-           ) -> tuple[Tensor, tuple[Tensor, ...], dict[str, Tensor]]:
+           plan: EditPlan, offset: int) -> tuple[Tensor, tuple[Tensor, ...], dict[str, Tensor]]:
     """One layer and direction on its input ``x`` (B, T, F), batch first in window order:
-    its output (B, T, H_out), final state parts and signals by letter (B, T, ·). ``quiet``:
-    the steps before it are not read (the caller has them, ``plan.known``): the signals
-    start there, the carried state one step before (the kernel's own, which it goes on
-    from)."""
+    its output (B, T, H_out), final state parts and signals by letter (B, T, ·)."""
     name, T = layer_name(k, reverse), x.shape[1]
     mod = direction_module(fam, k, reverse)
     fam1 = type(fam)(mod)
@@ -119,19 +115,12 @@ def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...]
         state = tuple(given[s][:, j - 1].to(x.dtype) for s in ("h", "c") if s in given)
         if plan.signals:
             sigs.append({s: v[:, :j] for s, v in given.items()})
-    for n in sorted({*hand, T} | ({quiet} if 0 < quiet > j else set())):
+    for n in [*hand, T]:
         if n > j:
-            unread = n <= quiet
-            y, state, sig = _segment(fam1, mod, x[:, j:n], state, plan.signals and not unread)
+            y, state, sig = _segment(fam1, mod, x[:, j:n], state, plan.signals)
             ys.append(y)
-            if plan.signals and not unread:
+            if plan.signals:
                 sigs.append({s.split(".")[-1]: v for s, v in sig.items()})
-            elif plan.signals and n == quiet:  # the state the next step starts from
-                sigs.append(dict(zip(("h", "c"), (p.unsqueeze(1) for p in state),
-                                     strict=False)))
-        if n < T and n not in hand:
-            j = n
-            continue
         if n < T:
             t = pos(n)
             sig = step(w, x[:, n], *state, edit=plan.step_edit(name, t))
@@ -143,8 +132,7 @@ def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...]
                 sigs.append({s: v.unsqueeze(1) for s, v in sig.items()})
         j = n + 1
     y = torch.cat(ys, dim=1)
-    sig = {s: torch.cat([p[s] for p in sigs if s in p], dim=1)  # (a quiet prefix: its last
-           for s in dict.fromkeys(x for p in sigs for x in p)}  # state alone)
+    sig = {s: torch.cat([p[s] for p in sigs], dim=1) for s in sigs[0]} if sigs else {}
     if reverse:
         y, sig = y.flip(1), {s: v.flip(1) for s, v in sig.items()}
     return y, state, sig
@@ -164,15 +152,13 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
     x, finals, signals = call.inputs, {}, {}
     first = min((t for layer in plan.layers() for t in plan.positions(layer)),
                 default=offset + call.length) - offset
-    quiet = first if plan.known and plan.signals and D == 1 and not call.layout.get(
-        "unbatched") else 0  # the steps before it: read by the caller
     with torch.set_grad_enabled(plan.grad):
         for k in range(L):
             outs = []
             for d in range(D):
                 row = k * D + d
                 y, fin, sig = _layer(fam, k, bool(d), x, tuple(s[row] for s in call.state),
-                                     plan, offset, quiet)
+                                     plan, offset)
                 outs.append(y)
                 finals[row] = fin
                 signals.update({f"{layer_name(k, bool(d))}.{s}": v for s, v in sig.items()})

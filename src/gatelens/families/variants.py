@@ -93,6 +93,8 @@ def _diff(a: Tensor, b: Tensor) -> tuple[float, float]:
 class _VariantFamily(Family):
     """What the two variant families share; subclasses give the module class and step."""
 
+    edit_reads_whole = True  # its edited run reads every stretch (families/base.py)
+
     module_class: ClassVar[type] = nn.Module
     cell_name: ClassVar[str] = ""
 

@@ -28,7 +28,13 @@ from gatelens.families.base import Family, Readout
 from gatelens.families.official_edit import ENTRY, clean_entry, entry_cut
 from gatelens.interventions.edits import Edit
 from gatelens.interventions.resolve import Resolved, plan_of, resolve
-from gatelens.readout.hooks import CellCache, family_calls, in_family_call, open_cells
+from gatelens.readout.hooks import (
+    CellCache,
+    family_calls,
+    in_family_call,
+    open_cells,
+    read_elsewhere,
+)
 from gatelens.readout.stitch import is_step_call
 from gatelens.readout.trace import assemble
 
@@ -130,10 +136,14 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
               if offset <= t < offset + call.length]
         if not at:
             return None
-        if length is None:  # one call on the whole window: open_cells reads it unedited
-            plan.known, plan.start = signals, start  # (its prefix kept, _edited_trace)
+        whole = length is None and signals  # one call on the whole window, traced: read
+        if length is None:  # once, by the family's edited run stretch by stretch, or by
+            plan.start = start  # open_cells unedited before the first edit (_edited_trace)
+            plan.known = whole and not fam.edit_reads_whole
         with faithful_matmul(call.inputs.device), family_calls():
             out, sig = fam.intervene(call, plan, output, offset)
+        if whole and fam.edit_reads_whole:
+            read_elsewhere(module)
         state.done.append((offset, call, sig))
         return out
 
@@ -178,12 +188,12 @@ def _edited_trace(cache: CellCache, state: _Edited) -> None:
     traces = cache.traces.get(path, [])
     for offset, call, sig in state.done:
         if not state.steps:  # one call on the whole sequence; a family that gave only the
-            own, T = traces[0], call.length  # steps from its first edit on (plan.known) has
-            merged = {n: v if v.shape[1] == T else torch.cat(  # open_cells's read before it
+            own, T = (traces or [None])[0], call.length  # steps from its first edit on (plan.
+            merged = {n: v if v.shape[1] == T else torch.cat(  # known) has open_cells's
                 [own[n][:, : T - v.shape[1]].to(v.dtype), v], dim=1) for n, v in sig.items()}
-            units = own.meta.get("state_units")  # the unit of each state coordinate, kept
-            meta = {} if units is None else {"state_units": units}
-            traces[0] = assemble(fam, call, Readout(merged, meta=meta), edited=True)
+            units = None if own is None else own.meta.get("state_units")  # each state
+            meta = {} if units is None else {"state_units": units}  # coordinate's unit kept
+            cache.traces[path] = [assemble(fam, call, Readout(merged, meta=meta), edited=True)]
             continue
         for n, tr in enumerate(traces):  # the stitched trajectory holding this call
             first = int(tr.meta.get("first_call", 0))

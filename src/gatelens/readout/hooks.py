@@ -140,6 +140,16 @@ def in_family_call() -> bool:
     return _QUIET[0] > 0
 
 
+#: modules whose call now finishing an edited run read itself (interventions/run.py)
+_READ_ELSEWHERE: set[int] = set()
+
+
+def read_elsewhere(module: nn.Module) -> None:
+    """``open_cells`` leaves ``module``'s call now finishing unread: an edited run read it
+    whole (its own kernel stretch by stretch, interventions/run.py), so it is read once."""
+    _READ_ELSEWHERE.add(id(module))
+
+
 def only(tr: Trace, names: Sequence[str] | None) -> Trace:
     """``tr`` holding only the trace names ``names`` keeps (None: all)."""
     if names is None:
@@ -187,6 +197,9 @@ def open_cells(model: nn.Module, layers: Selection = None,
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             # always called, also when the forward raised (output None): the count stays true
             running.leave(path)
+            if id(module) in _READ_ELSEWHERE:
+                _READ_ELSEWHERE.discard(id(module))
+                return
             if output is None or running.busy or running.inside_opened(path) or \
                     path not in keep or _QUIET[0]:
                 return
