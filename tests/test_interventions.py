@@ -306,3 +306,19 @@ def test_bad_edits_are_one_line_errors_listing_what_is_valid() -> None:
     with torch.no_grad():
         assert torch.equal(lens.run(ids, edits=[]).output, net(ids))
     assert not net.rnn._forward_hooks
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_trace_before_the_first_edit_is_the_unedited_read(kind) -> None:
+    # read once (the edit reads each stretch of the kernel, open_cells leaves the module
+    # alone): before the first edit the edited trace is the unedited read, bit for bit, the
+    # carried state one step before it the kernel's own, and the edited steps after (a
+    # layer below's edit reaches the layer above there)
+    net, ids, t = Net(kind, 2), ids_of(5), 9
+    lens = gatelens.Lens(net)
+    clean = lens.run(ids).trace
+    state = "c" if kind == "lstm" else "h"
+    res = lens.run(ids, edits=[gatelens.Zero(f"rnn.layer0.{state}", at=t)])
+    assert all(torch.equal(res.trace[k][:, :t - 1], clean[k][:, :t - 1]) for k in clean)
+    assert all((res.trace[k][:, t - 1] - clean[k][:, t - 1]).abs().max() < 1e-6 for k in clean)
+    assert (res.trace["rnn.layer1.h"][:, t:] - clean["rnn.layer1.h"][:, t:]).abs().max() > 1e-3

@@ -140,6 +140,11 @@ def test_lens_measures_the_official_model(kind):
     # two layers: the upper layer's input differs at every lag, so a return path exists
     assert max(rep["decomposition"]["return_path"]) > 1e-6
     assert rep["output_reach"] is not None and len(rep["output_reach"]["kl"]) >= 1
+    # the return path cut (every letter but the state and the output, and the write, at
+    # their clean values from p + 1 on) is the forget-only curve; the state s is ablated
+    cut, ablated = rep["causal"]["return_cut"], rep["causal"]["state_ablation"]
+    assert rep["causal"]["note"] is None and "entry" in cut["patched"]
+    assert cut["max_abs_diff"] < 1e-5 and ablated["ablated"] == [fam.spec.state]
 
 
 def test_lens_writes_the_report_of_an_official_model(tmp_path):

@@ -103,10 +103,14 @@ def test_the_sweep_equals_a_hand_loop_of_lens_run_with_patch() -> None:
         for i, name in enumerate(names):
             group = (name,) if isinstance(name, str) else name
             for j, t in enumerate(res.positions):
+                # the sweep's run starts at t from the corrupted run's read-out state (a
+                # float32 LSTM's c by its contraction), Lens.run runs the kernel from 0:
+                # equal to the float32 rounding of the state (measured 1.2e-9 of a loss of 2)
                 got = m(corrupt, [gatelens.Patch(k, source=clean, at=t) for k in group])
-                assert res.patched[i, j] == pytest.approx(got, abs=1e-9)
+                assert res.patched[i, j] == pytest.approx(got, abs=1e-7)
                 assert res.effect[i, j] == pytest.approx(
-                    (got - m_corrupt) / (m_clean - m_corrupt), abs=1e-7)
+                    (got - m_corrupt) / (m_clean - m_corrupt),
+                    abs=1e-7 / abs(m_clean - m_corrupt))
     assert res.names[2] == "rnn.layer0.h + rnn.layer0.f"
     assert res.spearman is not None and -1 <= res.spearman <= 1
 
@@ -278,8 +282,13 @@ def test_other_families_sweep_and_attribution(what, make, names) -> None:
     assert "forward" not in vars(next(iter(lens.modules.values())))  # put back as it was
 
 
-def test_a_family_that_cannot_be_edited_is_one_line() -> None:
+def test_a_family_that_cannot_be_edited_is_one_line(monkeypatch) -> None:
     from gatelens.cells.variants import VariantLSTM
+    from gatelens.families.base import Family
+    from gatelens.families.variants import VariantLSTMFamily
+
+    # every family gatelens opens takes edits: one registered without ``intervene``
+    monkeypatch.setattr(VariantLSTMFamily, "intervene", Family.intervene)
 
     class Peep(nn.Module):
         def __init__(self) -> None:

@@ -39,6 +39,8 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Readout
 from gatelens.families.edit_plan import EditPlan, StepChange
+from gatelens.families.official_edit import ENTRY, clean_entry, entry_cut
+from gatelens.readout.hooks import family_calls, in_family_call
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
 
@@ -59,17 +61,30 @@ def why(e: Exception) -> str:
 
 def cuts(fam: Family) -> tuple[str, ...] | None:
     """The letters ``fam``'s return path runs through (its cell's ``return_path``: every
-    gate and write quantity of one step); None when gatelens cannot cut it (a cell whose
-    spec names none, a bidirectional module). sLSTM's stabiliser m carries the state into
-    its keep, so patching its gates does not cut it; the state-space and linear-attention
-    families name none until their ``intervene`` exists (their write and transition)."""
-    return None if fam.bidirectional else (fam.spec.return_path or None)
+    gate and write quantity of one step; an official family's every letter but its state
+    and output, and its write ``entry``, families/official_edit.py); None when gatelens
+    cannot cut it (a cell whose spec names none, a bidirectional module). gatelens's own
+    sLSTM's stabiliser m carries the state into its keep, so patching its gates does not
+    cut it."""
+    if fam.bidirectional:
+        return None
+    return fam.spec.return_path or entry_cut(fam)
 
 
 def ablates(fam: Family) -> tuple[str, ...] | None:
-    """The carried parts the ablation replaces (the cell's ``carried``); None when gatelens
-    cannot ablate them."""
-    return None if fam.bidirectional else (fam.spec.carried or None)
+    """The carried parts the ablation replaces (the cell's ``carried``; an official
+    family's state s, the memory its keep scales: its convolution buffers and token
+    shifts, the layer's last inputs, are left); None when gatelens cannot ablate them."""
+    if fam.bidirectional:
+        return None
+    return fam.spec.carried or ((fam.spec.state,) if entry_cut(fam) else None)
+
+
+def has(fam: Family, k: int, letter: str) -> bool:
+    """Whether layer k of ``fam`` has ``letter`` to edit (a mixed stack's layers differ;
+    every layer whose step takes edits has its write ``entry``)."""
+    own = fam.letters(k) if hasattr(fam, "letters") else fam.spec.signals
+    return letter == ENTRY or letter in own
 
 
 def one_layer(trace: Trace, k: int) -> Trace:
@@ -91,15 +106,25 @@ def _held(mean: Tensor) -> Callable[[int, Tensor], Tensor]:
     return lambda t, v: mean.to(v).expand_as(v).clone()
 
 
-def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int) -> Trace:
+def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
+              uncut: Trace | None = None) -> Trace:
     """The module on the perturbed call, every ``RETURN_PATH`` letter of every layer set to
-    ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace."""
+    ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace.
+    ``uncut``: the perturbed run's own trace, which it is up to p + 1 (a family may then
+    leave those steps unread)."""
     letters = cuts(fam) or ()
     T = perturbed.length
-    plan = EditPlan(StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
-                               _patch(clean[f"{layer_name(k)}.{g}"]))
-                    for k in range(fam.num_layers) for g in letters)
+
+    def value(k: int, g: str) -> Tensor:
+        return clean_entry(fam, clean, k) if g == ENTRY else clean[f"{layer_name(k)}.{g}"]
+
+    plan = EditPlan((StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
+                                _patch(value(k, g)))
+                     for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
+                    known=uncut is not None)
     _, sig = fam.intervene(perturbed, plan, None, 0)
+    sig = {n: v if v.shape[1] == T else torch.cat([uncut[n][:, : T - v.shape[1]].to(v.dtype),
+                                                   v], dim=1) for n, v in sig.items()}
     units = clean.meta.get("state_units")
     return assemble(fam, perturbed, Readout(sig, meta={} if units is None else
                                             {"state_units": units}), edited=True)
@@ -228,10 +253,9 @@ class StateAblation:
 def ablation_plan(fam: Family, means: dict[str, Tensor], p: int) -> EditPlan:
     """Every carried part of every layer set to ``means[name]`` (its (W,) mean per unit) at
     p, carried forward."""
-    return EditPlan(StepChange(name.rpartition(".")[0], name.rpartition(".")[2],
-                               frozenset({p}), True,
-                               _held(m))
-                    for name, m in means.items())
+    return EditPlan((StepChange(name.rpartition(".")[0], name.rpartition(".")[2],
+                                frozenset({p}), True, _held(m))
+                     for name, m in means.items()), signals=False)  # the output alone
 
 
 def ablation_rows(fam: Family, runner: Callable[[Tensor], Any], windows: list[Tensor],
@@ -244,11 +268,13 @@ def ablation_rows(fam: Family, runner: Callable[[Tensor], Any], windows: list[Te
     steps = [0]
 
     def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+        if in_family_call():  # the family running its module itself (its reference)
+            return None
         inputs, state = fam.split_call(args, kwargs)
         offset = steps[0] if fam.step_call(inputs) else 0
         steps[0] += fam.step_call(inputs)
         call = fam.check(inputs, state)
-        with faithful_matmul(call.inputs.device):
+        with faithful_matmul(call.inputs.device), family_calls():
             return fam.intervene(call, plan, output, offset)[0]
 
     rows = []

@@ -294,7 +294,8 @@ class Causal(Accumulator):
             cap = chunk.captured_perturbed
             try:
                 with torch.no_grad(), faithful_matmul(chunk.call.inputs.device):
-                    cut = cut_trace(fam, fam.check(cap.inputs, cap.state), chunk.trace, p)
+                    cut = cut_trace(fam, fam.check(cap.inputs, cap.state), chunk.trace, p,
+                                    chunk.trace_perturbed)
             except REFUSED as e:
                 self.note = why(e)
             else:

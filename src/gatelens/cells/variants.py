@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gatelens.cells.equations import StepEdit
 from gatelens.errors import GatelensError
 
 
@@ -103,8 +104,15 @@ class VariantWeights:
         return replace(self, peephole=p, **cast)
 
 
-def lstm_variant_step(w: VariantWeights, x: Tensor, h: Tensor, c: Tensor) -> dict[str, Tensor]:
+def _keep(letter: str, value: Tensor) -> Tensor:
+    return value
+
+
+def lstm_variant_step(w: VariantWeights, x: Tensor, h: Tensor, c: Tensor,
+                      edit: StepEdit | None = None) -> dict[str, Tensor]:
     """One VariantLSTM step from x (..., F), h (..., H), c (..., H): i, f, g, o, c', h'.
+    ``edit`` (interventions): applied to each signal where the step computes it, so an
+    edited gate reaches c' (and the peephole of o reads the edited c').
 
     >>> lstm = torch.nn.LSTM(3, 4)
     >>> w = VariantLSTM.from_lstm(lstm).weights(0)
@@ -112,37 +120,42 @@ def lstm_variant_step(w: VariantWeights, x: Tensor, h: Tensor, c: Tensor) -> dic
     >>> list(s), bool(torch.equal(s["c"], s["i"] * s["g"]))
     (['i', 'f', 'g', 'o', 'c', 'h'], True)
     """
+    e = edit or _keep
     rho, act = activation(w.recurrent_activation), activation(w.activation)
     z = F.linear(x, w.w_ih, w.b_ih) + F.linear(h, w.w_hh, w.b_hh)  # (..., 4H)
     zi, zf, zg, zo = z.chunk(4, dim=-1)  # (..., H) each
     if w.peephole is not None:
         zi, zf = zi + w.peephole[0] * c, zf + w.peephole[1] * c
-    i, f, g = rho(zi), rho(zf), act(zg)
-    c_new = f * c + i * g  # (..., H)
+    i, f, g = e("i", rho(zi)), e("f", rho(zf)), e("g", act(zg))
+    c_new = e("c", f * c + i * g)  # (..., H)
     if w.peephole is not None:
         zo = zo + w.peephole[2] * c_new  # the output gate peeks at the new cell state
-    o = rho(zo)
-    return {"i": i, "f": f, "g": g, "o": o, "c": c_new, "h": o * act(c_new)}
+    o = e("o", rho(zo))
+    return {"i": i, "f": f, "g": g, "o": o, "c": c_new, "h": e("h", o * act(c_new))}
 
 
-def gru_variant_step(w: VariantWeights, x: Tensor, h: Tensor) -> dict[str, Tensor]:
-    """One VariantGRU step from x (..., F) and h (..., H): r, z, n, h'.
+def gru_variant_step(w: VariantWeights, x: Tensor, h: Tensor,
+                     edit: StepEdit | None = None) -> dict[str, Tensor]:
+    """One VariantGRU step from x (..., F) and h (..., H): r, z, n, h'. ``edit``: as for
+    ``lstm_variant_step`` (an edited r reaches n, an edited z or n h').
 
     >>> gru = torch.nn.GRU(3, 4)
     >>> w = VariantGRU.from_gru(gru).weights(0)
     >>> list(gru_variant_step(w, torch.randn(2, 3), torch.zeros(2, 4)))
     ['r', 'z', 'n', 'h']
     """
+    e = edit or _keep
     rho, act = activation(w.recurrent_activation), activation(w.activation)
     H = w.w_hh.shape[1]
     xr, xz, xn = F.linear(x, w.w_ih, w.b_ih).chunk(3, dim=-1)  # (..., H) each
     hr, hz = F.linear(h, w.w_hh[: 2 * H], w.b_hh[: 2 * H]).chunk(2, dim=-1)  # (..., H) each
-    r, z = rho(xr + hr), rho(xz + hz)
+    r, z = e("r", rho(xr + hr)), e("z", rho(xz + hz))
     if w.reset_after:
         n = act(xn + r * F.linear(h, w.w_hh[2 * H :], w.b_hh[2 * H :]))
     else:
         n = act(xn + F.linear(r * h, w.w_hh[2 * H :], w.b_hh[2 * H :]))
-    return {"r": r, "z": z, "n": n, "h": (1 - z) * n + z * h}
+    n = e("n", n)
+    return {"r": r, "z": z, "n": n, "h": e("h", (1 - z) * n + z * h)}
 
 
 class _Variant(nn.Module):

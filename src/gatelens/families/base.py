@@ -176,6 +176,9 @@ class Family(abc.ABC):
     #: model, e.g. mingru-pytorch's minLM); otherwise it is h, which Lens never takes for
     #: the logits (lens/logits.py)
     output_is_logits: bool = False
+    #: ``intervene`` reads a whole call's every position itself, stretch by stretch of the
+    #: module's own kernel, so a traced edited run reads the module once (interventions/run.py)
+    edit_reads_whole: ClassVar[bool] = False
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module

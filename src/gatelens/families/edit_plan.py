@@ -20,12 +20,16 @@ t), whatever order a direction processes them in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from gatelens.cells.equations import StepEdit
+
+#: the write of an official family's step into its state, e_t = s_t − A_t(s_{t−1}): a
+#: letter a plan may edit besides the trace's (families/official_edit.py)
+ENTRY = "entry"
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,21 @@ class EditPlan:
     """The changes of one call of one module, by layer. ``grad``: the family runs the
     edited call with autograd on (attribution patching differentiates through it); else
     under no_grad. ``signals`` False: only the output is wanted, a family may skip reading
-    the signals of its unedited stretches (and return fewer)."""
+    the signals of its unedited stretches (and return fewer). ``known``: the caller has
+    the unedited run's signals of this call, so a family may give its signals from the
+    first edited position on only ((B, T − first, ·) each). ``start``: the unedited run's
+    signals of this call (trace name -> (B, T, ·)), from which a family may take its state
+    before the first edit instead of running its prefix (a patching sweep's runs; None:
+    run it)."""
 
     def __init__(self, changes: Iterable[StepChange], grad: bool = False,
-                 signals: bool = True) -> None:
+                 signals: bool = True, known: bool = False,
+                 start: Mapping[str, Tensor] | None = None) -> None:
         self.changes = list(changes)
         self.grad = grad
         self.signals = signals
+        self.known = known
+        self.start = start
 
     def __bool__(self) -> bool:
         return bool(self.changes)

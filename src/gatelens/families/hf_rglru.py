@@ -138,6 +138,7 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
     recipe = RGLRU_RECIPE
     units_name = "channel"
     uses_aux = True  # the reset at position 0, from the trajectory
+    live_aux = "reset"  # which an edited run gives itself (families/official_edit.py)
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
@@ -149,8 +150,7 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
         block = getattr(module, "temporal_block", None)
         return type(block).__name__ == "RecurrentGemmaRecurrentBlock"
 
-    # ---- facts ---------------------------------------------------------------------
-    @property
+    @property  # ---- facts -------------------------------------------------------
     def _stack(self) -> bool:
         return isinstance(self.module, RGLRUStack)
 

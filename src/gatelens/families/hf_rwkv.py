@@ -31,10 +31,13 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from gatelens.families.base import Call
+from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.hf_mamba import hf_check, hf_forward, hf_model, hf_split
 from gatelens.families.official import OfficialFamily, Recorder
 from gatelens.families.recipe import Recipe
@@ -74,7 +77,7 @@ RWKV_RECIPE = Recipe(
     keep_words="RWKV-4 e^(−w)", forward=hf_forward)
 
 
-class HFRwkvFamily(OfficialFamily):
+class HFRwkvFamily(StepEdits, OfficialFamily):
     """transformers' ``RwkvModel`` (``RwkvForCausalLM.rwkv``)."""
 
     name = "hf-rwkv"
@@ -117,7 +120,11 @@ class HFRwkvFamily(OfficialFamily):
         return hf_check(self, inputs, state)
 
     def _forward(self, call: Call) -> Tensor:
-        return self.module(inputs_embeds=call.inputs, use_cache=False).last_hidden_state
+        return self.own_output(call).last_hidden_state
+
+    def own_output(self, call: Call) -> Any:
+        """What the module returns for the call (a ModelOutput), its state off."""
+        return self.module(inputs_embeds=call.inputs, use_cache=False)
 
     def _trajectory(self, call: Call) -> dict:
         L = self.num_layers
@@ -157,7 +164,7 @@ class HFRwkvFamily(OfficialFamily):
         return [z(batch, C, dtype=torch.float64), z(batch, Ca, dtype=torch.float64),
                 z(batch, Ca, dtype=torch.float64), z(batch, C, dtype=torch.float64)]
 
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         blk = m.blocks[k]
         att, ffn = blk.attention, blk.feed_forward
         a_prev, num, den, f_prev = parts
@@ -168,14 +175,16 @@ class HFRwkvFamily(OfficialFamily):
             mu = mu.reshape(-1)
             return cur * mu + prev * (1 - mu)
 
-        key = att.key(mix(a, a_prev, att.time_mix_key))  # (R, Ca)
-        value = att.value(mix(a, a_prev, att.time_mix_value))
-        r = torch.sigmoid(att.receptance(mix(a, a_prev, att.time_mix_receptance)))
-        keep = torch.exp(-torch.exp(att.time_decay)).expand_as(key)  # e^{−w}
+        key = edit("k", att.key(mix(a, a_prev, att.time_mix_key)))  # (R, Ca)
+        value = edit("v", att.value(mix(a, a_prev, att.time_mix_value)))
+        r = edit("r", torch.sigmoid(att.receptance(mix(a, a_prev, att.time_mix_receptance))))
+        keep = edit("keep", torch.exp(-torch.exp(att.time_decay)).expand_as(key))  # e^{−w}
         bonus = torch.exp(att.time_first + key)
-        wkv = (num + bonus * value) / (den + bonus)
+        # position t reads the state before its step (and its own key and value)
+        wkv = edit("wkv", (num + bonus * value) / (den + bonus))
         ek = torch.exp(key)
-        num_new, den_new = keep * num + ek * value, keep * den + ek
+        s_new = edit("s", torch.cat([keep * num + ek * value, keep * den + ek], dim=-1))
+        num_new, den_new = s_new.chunk(2, dim=-1)
         h = h + att.output(r * wkv)
         f = blk.ln2(h)
         fk = torch.square(torch.relu(ffn.key(mix(f, f_prev, ffn.time_mix_key))))

@@ -49,11 +49,14 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
+from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
@@ -128,7 +131,7 @@ def head_scaled_diff(got: Tensor, ref: Tensor, units: Tensor,
     return float(diff.max()), float((diff / scale).max())
 
 
-class HFXLSTMFamily(XLSTMForward, OfficialFamily):
+class HFXLSTMFamily(XLSTMForward, StepEdits, OfficialFamily):
     """One ``xLSTMBlock`` (its mLSTM layer, norms and feed-forward) of transformers' xLSTM."""
 
     name = "hf-xlstm"
@@ -138,6 +141,10 @@ class HFXLSTMFamily(XLSTMForward, OfficialFamily):
     specs = (HF_XLSTM,)
     units_name = "head"
     uses_aux = True  # the stabiliser m (only through ε), from the trajectory
+    #: an edited run carries the stabiliser itself (families/official_edit.py)
+    live_aux = "stabiliser"
+    #: the stabiliser is the package's bookkeeping: no edit of it
+    derived = ("m",)
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
@@ -236,7 +243,11 @@ class HFXLSTMFamily(XLSTMForward, OfficialFamily):
 
     # ---- the module's own computation ------------------------------------------------
     def _forward(self, call: Call) -> Tensor:
-        return self.module(call.inputs, None)[0]
+        return self.own_output(call)[0]
+
+    def own_output(self, call: Call) -> Any:
+        """What the block returns for the call from the zero state: (output, state)."""
+        return self.module(call.inputs, None)
 
     def _zeros(self, batch: int, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The state xLSTMCache holds before the first token, of the block's shapes."""
@@ -306,23 +317,39 @@ class HFXLSTMFamily(XLSTMForward, OfficialFamily):
         return (layer.q(u), layer.k(u), layer.v(u), layer.ogate_preact(u),
                 soft_cap(layer.igate_preact(u), cap), soft_cap(layer.fgate_preact(u), cap))
 
-    def step_cell(self, k, m, u, parts, aux):
+    def initial_stabiliser(self, k: int, batch: int) -> Tensor:
+        """The package's m before the first token (the cache's zeros)."""
+        return torch.zeros(batch, self.shape[0], dtype=torch.float64)
+
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit, prev=None):
+        """One step; ``prev`` (an edited run): the stabiliser m before the step, from which
+        m' is computed as the package does, else ``aux`` is m'."""
         layer = m.mlstm_layer
         NH, dqk, dv = self.shape
         q, key, v, o, pi, pf = self._project(layer, u)
         C, n = parts[0].view(-1, NH, dqk, dv), parts[1].view(-1, NH, dqk)
         q, key, v = q.view(-1, NH, dqk) * dqk ** -0.5, key.view(-1, NH, dqk), v.view(-1, NH, dv)
-        f, ei = torch.sigmoid(pf), torch.exp(pi)  # (N, NH) each
+        f0 = torch.sigmoid(pf)
+        f = edit("f", f0)  # (N, NH)
+        m_new = aux if prev is None else torch.maximum(
+            (torch.nn.functional.logsigmoid(pf) if f is f0 else torch.log(f)) + prev, pi)
+        i0 = torch.exp(pi - m_new)
+        i = edit("i", i0)  # the stabilised exp(ĩ − m'); an edited i is written as i · e^{m'}
+        ei = torch.exp(pi) if i is i0 else i * torch.exp(m_new)
         C_new = f[..., None, None] * C + ei[..., None, None] * (key[..., :, None] * v[..., None, :])
         n_new = f[..., None] * n + ei[..., None] * key
+        s_new = edit("s", torch.cat([C_new.reshape(-1, NH * dqk * dv),
+                                     n_new.reshape(-1, NH * dqk)], dim=-1))
+        C_new = s_new[:, : NH * dqk * dv].view(-1, NH, dqk, dv)
+        n_new = s_new[:, NH * dqk * dv:].view(-1, NH, dqk)
         num = torch.einsum("rhi,rhij->rhj", q, C_new)  # (N, NH, d_v): q̄ᵀ C̄
         qn = (q * n_new).sum(-1, keepdim=True).abs()
         eps = float(layer.mlstm_backend.config.eps)
-        htil = num / (torch.maximum(qn, torch.ones_like(qn)) + eps * torch.exp(aux)[..., None])
-        h = head_norm(layer.multihead_norm, htil)
-        gate = torch.sigmoid(o)
+        htil = num / (torch.maximum(qn, torch.ones_like(qn)) + eps * torch.exp(m_new)[..., None])
+        h = edit("h", head_norm(layer.multihead_norm, htil))
+        gate = edit("o", torch.sigmoid(o))
         y = layer.out_proj(gate * h)
-        sig = {"i": torch.exp(pi - aux), "f": f, "o": gate, "m": aux, "h": h}
+        sig = {"i": i, "f": f, "o": gate, "m": m_new, "h": h}
         return sig, [C_new.reshape(-1, NH * dqk * dv), n_new.reshape(-1, NH * dqk)], y
 
     def pre(self, k, m, x):

@@ -69,6 +69,10 @@ class MambapyFamily(MambaCell):
     def _forward(self, call: Call) -> Tensor:
         return self.module(call.inputs)
 
+    def own_output(self, call: Call) -> Tensor:
+        """What the module returns for the call (an edited run reads its prefix)."""
+        return self._forward(call)
+
     def _trajectory(self, call: Call) -> dict:
         L, Bsz = self.num_layers, call.batch
         cfg = self.module.config

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
+from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -79,7 +80,7 @@ def g(x: Tensor) -> Tensor:
     return torch.where(x >= 0, x + 0.5, torch.sigmoid(x))
 
 
-class MinGRUPytorchFamily(OfficialFamily):
+class MinGRUPytorchFamily(StepEdits, OfficialFamily):
     """mingru-pytorch's minGRU / minLSTM layer, or its minLM stack of them."""
 
     name = "mingru-pytorch"
@@ -177,21 +178,27 @@ class MinGRUPytorchFamily(OfficialFamily):
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         return [torch.zeros(batch, self.hidden_size, dtype=torch.float64)]
 
-    def step_cell(self, k, m, u, parts, aux):
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         rnn = m.layers[k][2] if self.lm else m
         (h,) = parts
         if self.lstm:
             hidden, pf, pi = self._lin(rnn)(u).chunk(3, dim=-1)  # (N, H) each
-            f, i = torch.sigmoid(pf), torch.sigmoid(pi)
-            keep = f / (f + i)
-            cand = g(hidden)
-            new = keep * h + (1 - keep) * cand  # i/(f + i) = 1 − f′
+            f, i = edit("f", torch.sigmoid(pf)), edit("i", torch.sigmoid(pi))
+            cand = edit("cand", g(hidden))
+            keep0 = f / (f + i)
+            keep = edit("keep", keep0)  # an edited keep: its write 1 − keep follows it
+            write = i / (f + i) if keep is keep0 else 1 - keep
+            new = h * keep + cand * write  # as the package writes it: f′ h + i′ g(h̃)
             sig = {"f": f, "i": i, "cand": cand, "keep": keep}
         else:
             hidden, gate = self._lin(rnn)(u).chunk(2, dim=-1)  # (N, H) each
-            z, cand = torch.sigmoid(gate), g(hidden)
+            z, cand = edit("z", torch.sigmoid(gate)), edit("cand", g(hidden))
+            keep0 = 1 - z
+            keep = edit("keep", keep0)
+            z = z if keep is keep0 else 1 - keep
             new = torch.lerp(h, cand, z)  # (1 − z) h + z h̃, as the package writes it
-            sig = {"z": z, "cand": cand, "keep": 1 - z}
+            sig = {"z": z, "cand": cand, "keep": keep}
+        new = edit("h", new)
         return {**sig, "h": new}, [new], rnn.to_out(new)
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:

@@ -103,6 +103,8 @@ def layer_diff(k: int, got: dict[str, Tensor], got_final: Tensor, ref: dict[str,
 class ModernFamily(Family):
     """A gatelens cell (cells/modern.py)."""
 
+    edit_reads_whole = True  # its edited run reads every stretch (families/base.py)
+
     module_class: ClassVar[type] = ModernRNN
 
     @classmethod

@@ -1,20 +1,35 @@
 """Interventions on the official families whose hand cell takes an edit inside its step
-(``step_cell(..., edit=)``: transformers' Mamba-1 and Mamba-2, mambapy).
+(``step_cell(..., edit=)``: transformers' Mamba-1, Mamba-2 and RWKV-4, mambapy, Gated
+DeltaNet, KDA, RG-LRU, xlstm's and transformers' xLSTM, mingru-pytorch, RWKV-7).
 
 Before the first edited position the module's own run is used unchanged: its output as
 it returned it, bitwise, and its own decode-path state (``reference``). From there every
 layer's hand cell steps with the module's own weights and dtype, the plan's edit inside
-the step (a Δ or keep edit reaches the state through the cell's equations; a state edit
-is the state that position's output reads and the next step starts from), each layer's
-output y edited after the cell, the residual stream carried up the layers. ``carry=False``
-runs the step twice: edited for what the position puts out, unedited for the state handed
-on. The module's output is returned as the module returns it (a ModelOutput's
-``last_hidden_state`` replaced).
+the step (a gate or keep edit reaches the state through the cell's equations; a state
+edit is the state that position's output reads and the next step starts from), each
+layer's output y edited after the cell, the residual stream carried up the layers.
+``carry=False`` runs the step twice: edited for what the position puts out, unedited for
+the state handed on. The module's output is returned as the module returns it (a
+ModelOutput's ``last_hidden_state`` replaced). ``plan.grad``: the steps run with autograd
+on (attribution patching differentiates through them).
+
+Two quantities a step reads besides its state come from the module's clean run unless
+the family says they live in the edited run (``live_aux``): ``"stabiliser"`` (xLSTM's m,
+the package's running maximum, which an edit of a gate moves: ``step_cell(..., prev=m)``
+computes m' from the one before as the package does and returns it as ``sig["m"]``) and
+``"first_value"`` (RWKV-7's v_first, layer 0's value at the same token: the edited run's).
+
+The write ``ENTRY`` is one more letter a plan may edit (the return path cut patches it):
+e_t = s_t − A_t(s_{t−1}), what the step adds to its kept state (Mamba's Δ B x̂, RWKV-4's
+e^k (v, 1), the delta rule's β v kᵀ, sLSTM's (1 − κ) z), with A_t the step's own keep
+(a factor per coordinate, or the spec's ``keep_operator``) after the plan's edits. An
+edited entry gives s_t = A_t(s_{t−1}) + e'_t, before the plan's edit of s itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -22,10 +37,57 @@ from torch import Tensor
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
-from gatelens.families.edit_plan import EditPlan
+from gatelens.families.edit_plan import ENTRY, EditPlan
+from gatelens.families.mamba_edit import applies, layer_steps
+from gatelens.families.prefill import Start, cut, start
 from gatelens.families.spec import layer_name
 
-__all__ = ["intervene"]
+__all__ = ["ENTRY", "clean_entry", "entry_cut", "intervene"]
+
+
+
+def takes_edits(fam: Any) -> bool:
+    """Whether ``fam``'s hand cell takes an edit inside its step (``step_cell(edit=)``)."""
+    cell = getattr(fam, "step_cell", None)
+    return cell is not None and "edit" in inspect.signature(cell).parameters
+
+
+def entry_cut(fam: Any) -> tuple[str, ...] | None:
+    """What the return path cut patches on an official family: every letter of a step
+    but the carried state, the layer's output and what the family derives for display
+    (``derived``), and the write ``ENTRY``; None when its step takes no edit or it has no
+    keep gate."""
+    if not takes_edits(fam) or fam.spec.keep_gate is None:
+        return None
+    skip = {fam.spec.state, fam.spec.output, "y", *getattr(fam, "derived", ())}
+    letters = dict.fromkeys(x for k in range(fam.num_layers) for x in fam.letters(k)
+                            if x not in skip)
+    return (*letters, ENTRY)
+
+
+def _kept(fam: Any, k: int, sig: Mapping[str, Tensor], s_prev: Tensor) -> Tensor:
+    """A_t(s_{t−1}): layer k's keep of one step on the state before it, (N, S) rows; ``sig``
+    that step's letters (N, ·): the spec's keep operator, or its keep gate per unit."""
+    spec = fam.spec
+    if spec.keep_operator is not None:
+        return spec.keep_operator(sig, s_prev)
+    keep = sig[spec.keep_gate]
+    if keep.shape[-1] == s_prev.shape[-1]:
+        return keep * s_prev
+    return keep[:, fam.state_units(k).to(keep.device)] * s_prev
+
+
+def clean_entry(fam: Any, trace: Mapping[str, Tensor], k: int) -> Tensor:
+    """Layer k's write e_t = s_t − A_t(s_{t−1}) on a run's trace (keys ``layerK.*``, (B, T,
+    ·) each; the state before position 0 is zero): (B, T, S), what Patch and the return
+    path cut give the ``ENTRY`` letter."""
+    name, spec = layer_name(k), fam.spec
+    s = trace[f"{name}.{spec.state}"]
+    B, T, S = s.shape
+    prev = torch.cat([s.new_zeros(B, 1, S), s[:, :-1]], dim=1)
+    sig = {x: trace[f"{name}.{x}"].reshape(B * T, -1) for x in fam.letters(k)
+           if x not in (spec.state, "y")}
+    return s - _kept(fam, k, sig, prev.reshape(B * T, S)).reshape(B, T, S)
 
 
 def _as_returned(output: Any, hidden: Tensor) -> Any:
@@ -45,60 +107,132 @@ def _own(output: Any) -> Tensor:
         output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
 
 
+def _with_entry(fam: Any, k: int, edit: Callable, s_prev: Tensor, wants: bool) -> Callable:
+    """``edit`` with the write ``ENTRY`` applied before the state's own edit (module
+    docstring); the step's edited keep letters are kept as they pass."""
+    if not wants:
+        return edit
+    seen: dict[str, Tensor] = {}
+
+    def inner(letter: str, value: Tensor) -> Tensor:
+        if letter == fam.spec.state:
+            kept = _kept(fam, k, seen, s_prev)
+            value = kept + edit(ENTRY, value - kept)
+        out = edit(letter, value)
+        seen[letter] = out
+        return out
+
+    return inner
+
+
+def _first(plan: EditPlan, offset: int, T: int) -> int:
+    """The call's first step with an edit (T: none)."""
+    return max(min((t for layer in plan.layers() for t in plan.positions(layer)),
+                   default=offset + T) - offset, 0)
+
+
 def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
               ) -> tuple[Any, dict[str, Tensor]]:
     """The module's output with ``plan``'s edits and every signal of the edited
-    trajectory by trace name (B, T, ·)."""
-    if plan.grad:
-        raise GatelensError(f"attribution patching does not support the {fam.name} family "
-                            "yet (its edited run has no gradient path); pass "
-                            "attribution=False")
+    trajectory by trace name (B, T, ·); {} when ``plan.signals`` is False, and from the
+    first edited position on only when ``plan.known`` (the caller reads those before)."""
     if call.state is not None:
         raise GatelensError(f"{fam.name}: an edited run starts from the zero state (no "
                             "cache)")
-    L, B, T = fam.num_layers, call.batch, call.length
-    first = min((t for layer in plan.layers() for t in plan.positions(layer)),
-                default=offset + T) - offset
-    first = max(first, 0)
+    derived = [f"{c.layer}.{c.letter}" for c in plan.changes
+               if c.letter in getattr(fam, "derived", ())]
+    if derived:
+        raise GatelensError(f"{derived[0]} is the package's own bookkeeping and feeds no "
+                            f"step of the recurrence: edit the gates or the state ({fam.name})")
+    if output is None and getattr(fam, "own_output", None) is None:
+        raise GatelensError(f"{fam.name}: an edited run needs the module's own output")
+    first, L, B = _first(plan, offset, call.length), fam.num_layers, call.batch
     was = fam.module.training
     fam.module.eval()
     try:
         with torch.no_grad():
-            ref = fam.reference(call)  # the module's own run: its state after every step
-            signals = {n: v.clone() for n, v in fam.read(call, ref).signals.items()}
-        if output is None:  # the module's forward was not run (a sweep's lean run)
-            own_output = getattr(fam, "own_output", None)
-            if own_output is None:
-                raise GatelensError(f"{fam.name}: an edited run needs the module's own output")
-            output = own_output(call)
-        m, dtype = fam.module, call.inputs.dtype
-        parts = [[p[:, first - 1].to(dtype) for p in ref.extra["parts"][k]] if first > 0
-                 else [i.to(dtype) for i in fam.initial_parts(k, B)] for k in range(L)]
-        steps: list[Tensor] = []
-        with torch.no_grad():
-            for t in range(first, T):
-                x = call.inputs[:, t]
-                for k in range(L):
-                    name, at = layer_name(k), offset + t
-                    aux = ref.extra["aux"][k]
-                    aux = None if aux is None else aux[:, t]
-                    u = fam.pre(k, m, x)
-                    edit: Callable = plan.step_edit(name, at)
-                    sig, new, y = fam.step_cell(k, m, u, parts[k], aux, edit=edit)
-                    if plan.local(name, at):  # this position only: the state goes on unedited
-                        new = fam.step_cell(k, m, u, parts[k], aux,
-                                            edit=plan.step_edit(name, at, True))[1]
-                    y = edit("y", y)
-                    sig = {**sig, fam.spec.state: fam.state_of(k, new), "y": y}
-                    for letter in fam.spec.signals:
-                        key = f"{name}.{letter}"
-                        signals[key][:, t] = sig[letter].reshape(B, -1).to(signals[key].dtype)
-                    parts[k] = new
-                    x = fam.post(k, m, x, y)
-                steps.append(fam.final(m, x))
+            if plan.signals and not plan.known:  # every position read here, by the family
+                ref = fam.reference(call)
+                signals = {n: v.clone() for n, v in fam.read(call, ref).signals.items()}
+            else:
+                signals = {}
+            # the module's own run before the first edit: its state there and its output
+            begin = start(fam, call, first, output is None) if first else Start(
+                None, [fam.initial_parts(k, B) for k in range(L)], [None] * L)
+            if output is None:
+                output = begin.output if first else fam.own_output(cut(call, 1))
+        run = layer_steps if applies(fam) else _steps  # the selective scan: layer by layer
+        rows, steps = run(fam, call, plan, begin, first, offset)
     finally:
         fam.module.train(was)
     own = _own(output)
-    hidden = own if not steps else torch.cat(
-        [own[:, :first], torch.stack(steps, dim=1).to(own.dtype)], dim=1)
+    hidden = torch.cat([own[:, :first], torch.stack(steps, dim=1).to(own.dtype)], dim=1) \
+        if steps else own
+    if not plan.signals:
+        return _as_returned(output, hidden), {}
+    for name, seq in rows.items():
+        got = torch.stack(seq, dim=1)  # (B, T − first, W)
+        if name in signals:
+            signals[name][:, first:] = got.to(signals[name].dtype)
+        else:
+            signals[name] = got.to(call.inputs.dtype)
     return _as_returned(output, hidden), {n: signals[n] for n in fam.names()}
+
+
+def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offset: int
+           ) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+    """From ``first`` on, each layer's hand cell with the plan's edits inside, from the
+    module's own state ``begin``: each signal's rows by trace name (when the plan wants
+    them) and the module's output at every step."""
+    L, B, T = fam.num_layers, call.batch, call.length
+    weights = getattr(fam, "edit_weights", None)
+    m, dtype = (fam.module if weights is None else weights()), call.inputs.dtype
+    parts = [[p.to(dtype) for p in begin.parts[k]] for k in range(L)]
+    live = getattr(fam, "live_aux", None)
+    stab = ([begin.aux[k].to(dtype) if first else fam.initial_stabiliser(k, B).to(dtype)
+             for k in range(L)] if live == "stabiliser" else [])
+    cut_entry = any(c.letter == ENTRY for c in plan.changes)
+    rows: dict[str, list[Tensor]] = {}
+    steps: list[Tensor] = []
+    with torch.set_grad_enabled(plan.grad):
+        for t in range(first, T):
+            x, v_first = call.inputs[:, t], None
+            for k in range(L):
+                name, at = layer_name(k), offset + t
+                aux, kw = _aux(fam, live, t, B, x, v_first), {}
+                if live == "stabiliser":
+                    kw = {"prev": stab[k]}
+                u = fam.pre(k, m, x)
+                s_prev = fam.state_of(k, parts[k]) if cut_entry else None
+                edit = _with_entry(fam, k, plan.step_edit(name, at), s_prev, cut_entry)
+                sig, new, y = fam.step_cell(k, m, u, parts[k], aux, edit=edit, **kw)
+                handed, shown = sig, new
+                if plan.local(name, at):  # this position only: the state goes on unedited
+                    again = _with_entry(fam, k, plan.step_edit(name, at, True), s_prev,
+                                        cut_entry)
+                    handed, new, _ = fam.step_cell(k, m, u, parts[k], aux, edit=again, **kw)
+                if live == "stabiliser":
+                    stab[k] = handed["m"]
+                y = edit("y", y)
+                if k == 0 and live == "first_value":
+                    v_first = sig["v"]
+                if plan.signals:
+                    sig = {**sig, fam.spec.state: fam.state_of(k, shown), "y": y}
+                    for letter in fam.letters(k):
+                        rows.setdefault(f"{name}.{letter}", []).append(
+                            sig[letter].reshape(B, -1))
+                parts[k] = new
+                x = fam.post(k, m, x, y)
+            steps.append(fam.final(m, x))
+    return rows, steps
+
+
+def _aux(fam: Any, live: str | None, t: int, B: int, x: Tensor, v_first: Tensor | None
+         ) -> Tensor | None:
+    """What step t of a layer reads besides its state (module docstring): RWKV-7's
+    v_first (the edited run's), RG-LRU's reset (1 at position 0), else nothing."""
+    if live == "first_value":
+        return v_first
+    if live == "reset":
+        return x.new_full((B, 1), 1.0 if t == 0 else 0.0)
+    return None

@@ -53,7 +53,12 @@ from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Readout, Reference
 from gatelens.families.official import OfficialFamily, scaled_diff
-from gatelens.families.rwkv7_train import GN_EPS, RWKV7_RECIPE, W_SCALE, RWKV7Trainable
+from gatelens.families.rwkv7_edit import RWKV7Edits
+from gatelens.families.rwkv7_train import (  # noqa: F401 - W_SCALE re-exported
+    RWKV7_RECIPE,
+    W_SCALE,
+    RWKV7Trainable,
+)
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _PKG, _CLS = "rwkv.model", "RWKV_x070"
@@ -146,7 +151,7 @@ def _window(model: nn.Module, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
     return out.reshape(len(seq), -1), state
 
 
-class RWKV7Family(OfficialFamily):
+class RWKV7Family(RWKV7Edits, OfficialFamily):
     """The ``rwkv`` package's RWKV-7 (``RWKV_x070``), bare or in ``RWKV7LM``."""
 
     name = "rwkv7"
@@ -299,7 +304,7 @@ class RWKV7Family(OfficialFamily):
         ref.extra["final_vs_step"] = scaled_diff(ref.final[:, None], step[:, None])
         return ref
 
-    # ---- the hand cell (float64, on a float64 copy of the weights) -------------------
+    # ---- the hand cell (families/rwkv7_edit.py), float64 on a float64 copy of z -----
     def float64(self) -> dict[str, Tensor]:  # type: ignore[override]
         """The package's weights ``z`` in float64 (made once per version of them)."""
         version = tuple((id(v), v._version) for v in self.model.z.values())
@@ -308,45 +313,6 @@ class RWKV7Family(OfficialFamily):
             cached = (version, {n: v.detach().double() for n, v in self.model.z.items()})
             self.__dict__["_z64"] = cached
         return cached[1]
-
-    def step_cell(self, k, m, u, parts, aux):
-        z, C, (H, N) = m, self.hidden_size, self.heads
-        a_ = f"blocks.{k}.att."
-        R = u.shape[0]
-        x_prev, s, f_prev = parts
-        x = F.layer_norm(u, (C,), weight=z[f"blocks.{k}.ln1.weight"],
-                         bias=z[f"blocks.{k}.ln1.bias"])
-        # the six token-shift mixes in one product (one op each under the dynamics' jvp)
-        mixes = x[:, None] + (x_prev - x)[:, None] * torch.stack(
-            [z[a_ + "x_" + n] for n in "rwkvag"])  # (R, 6, C)
-        mix = dict(zip("rwkvag", mixes.unbind(1), strict=True))
-        r = mix["r"] @ z[a_ + "receptance.weight"]
-        w = torch.tanh(mix["w"] @ z[a_ + "w1"]) @ z[a_ + "w2"]
-        key = mix["k"] @ z[a_ + "key.weight"]
-        v = mix["v"] @ z[a_ + "value.weight"]
-        a = torch.sigmoid(z[a_ + "a0"] + (mix["a"] @ z[a_ + "a1"]) @ z[a_ + "a2"])
-        g = torch.sigmoid(mix["g"] @ z[a_ + "g1"]) @ z[a_ + "g2"]
-        kk = F.normalize((key * z[a_ + "k_k"]).view(R, H, N), dim=-1, p=2.0).view(R, C)
-        key = key * (1 + (a - 1) * z[a_ + "k_a"])
-        if k > 0:
-            v = v + (aux - v) * torch.sigmoid(z[a_ + "v0"] + (mix["v"] @ z[a_ + "v1"])
-                                              @ z[a_ + "v2"])
-        w = torch.exp(-W_SCALE * torch.sigmoid(z[a_ + "w0"] + w))
-        sig = {"r": r, "w": w, "k": key, "v": v, "a": a, "kk": kk}
-        S = rwkv7_keep(sig, s).view(R, H, N, N) + v.view(R, H, N, 1) * key.view(R, H, 1, N)
-        o = (S * r.view(R, H, 1, N)).sum(dim=-1)  # (R, H, N): S r
-        o = (o - o.mean(-1, keepdim=True)) / torch.sqrt(o.var(-1, unbiased=False, keepdim=True)
-                                                         + GN_EPS)
-        o = o.reshape(R, C) * z[a_ + "ln_x.weight"] + z[a_ + "ln_x.bias"]
-        o = o + ((r * key * z[a_ + "r_k"]).view(R, H, N).sum(-1, keepdim=True)
-                 * v.view(R, H, N)).view(R, C)
-        h = u + (o * g) @ z[a_ + "output.weight"]
-        f_ = f"blocks.{k}.ffn."
-        f = F.layer_norm(h, (C,), weight=z[f"blocks.{k}.ln2.weight"],
-                         bias=z[f"blocks.{k}.ln2.bias"])
-        fk = torch.relu((f + (f_prev - f) * z[f_ + "x_k"]) @ z[f_ + "key.weight"]) ** 2
-        y = h + fk @ z[f_ + "value.weight"]
-        return sig, [x, S.reshape(R, -1), f], y
 
     def pre(self, k, m, x):  # the cell is the whole block: u = x, its output the block's
         return x

@@ -51,15 +51,32 @@ def direction_module(fam: Any, k: int, reverse: bool) -> nn.RNNBase:
     return cache[k, reverse]
 
 
+def _kernel(mod: nn.RNNBase, x: Tensor, state: tuple[Tensor, ...]
+            ) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """The layer's kernel on x (B, τ, F) from ``state`` ((1, B, ·) parts): (y, final parts),
+    in calls of power-of-two lengths, the state handed from one to the next. oneDNN
+    builds a primitive per sequence length the first time it meets it (~300 ms on the
+    CPU, ~16 runs of the seed's LSTM): a sweep's stretches, of every length, would build one
+    per position; its result at each step does not depend on the call's length (the
+    same bits on the tests' CPU)."""
+    ys, n, j = [], x.shape[1], 0
+    with quiet_onednn():
+        for size in (1 << b for b in range(n.bit_length() - 1, -1, -1)):
+            if n - j >= size:
+                y, fin = mod.forward(x[:, j : j + size], state if len(state) == 2 else state[0])
+                state = fin if isinstance(fin, tuple) else (fin,)
+                ys.append(y)
+                j += size
+    return (ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)), state
+
+
 def _segment(fam1: Any, mod: nn.RNNBase, x: Tensor, state: tuple[Tensor, ...],
              read: bool = True) -> tuple[Tensor, tuple[Tensor, ...], dict[str, Tensor]]:
     """The layer's own kernel on steps ``x`` (B, τ, F) from ``state`` ((B, ·) parts): its
     output (B, τ, H_out), the state after the last step and the read-out of every signal
     (``read`` False: none, {})."""
     given = tuple(s.unsqueeze(0) for s in state)
-    with quiet_onednn():
-        y, fin = mod.forward(x, given if len(given) == 2 else given[0])
-    fin = fin if isinstance(fin, tuple) else (fin,)
+    y, fin = _kernel(mod, x, given)
     if not read:
         return y, tuple(f[0] for f in fin), {}
     call = Call(x, given, {"batch_first": True, "unbatched": False, "packed": None,
@@ -90,6 +107,14 @@ def _layer(fam: Any, k: int, reverse: bool, x: Tensor, state: tuple[Tensor, ...]
     ys: list[Tensor] = []
     sigs: list[dict[str, Tensor]] = []
     j = 0
+    if plan.start is not None and not reverse and hand and hand[0] > 0:
+        # the unedited run's own prefix (a sweep's): its output and its state before the edit
+        j, given = hand[0], {s.rpartition(".")[2]: v for s, v in plan.start.items()
+                             if s.rpartition(".")[0] == name}
+        ys.append(given["h"][:, :j].to(x.dtype))
+        state = tuple(given[s][:, j - 1].to(x.dtype) for s in ("h", "c") if s in given)
+        if plan.signals:
+            sigs.append({s: v[:, :j] for s, v in given.items()})
     for n in [*hand, T]:
         if n > j:
             y, state, sig = _segment(fam1, mod, x[:, j:n], state, plan.signals)
@@ -125,6 +150,8 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
                             "are not supported; pass the padded tensor")
     L, D = fam.num_layers, fam.directions
     x, finals, signals = call.inputs, {}, {}
+    first = min((t for layer in plan.layers() for t in plan.positions(layer)),
+                default=offset + call.length) - offset
     with torch.set_grad_enabled(plan.grad):
         for k in range(L):
             outs = []
@@ -136,8 +163,6 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
                 finals[row] = fin
                 signals.update({f"{layer_name(k, bool(d))}.{s}": v for s, v in sig.items()})
             x = torch.cat(outs, dim=-1)  # (B, T, D·H_out): the layer above reads this
-        first = min((t for layer in plan.layers() for t in plan.positions(layer)),
-                    default=offset + call.length) - offset
         own = None if output is None else output[0]
         if D == 1 and first > 0 and isinstance(own, Tensor):
             own = own.unsqueeze(0) if call.layout.get("unbatched") else (

@@ -43,6 +43,8 @@ from gatelens.families.torch_ops import (  # noqa: F401 - re-exported
 class TorchRNNFamily(Family):
     """nn.LSTM / nn.GRU / nn.RNN: what the three share."""
 
+    edit_reads_whole = True  # its edited run reads every stretch (families/base.py)
+
     module_class: ClassVar[type] = nn.RNNBase
 
     @classmethod

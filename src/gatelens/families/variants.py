@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from gatelens.cells.equations import StepEdit
 from gatelens.cells.variants import (
     VariantGRU,
     VariantLSTM,
@@ -51,11 +52,13 @@ from gatelens.families.spec import CellSpec, layer_name
 LSTM_VARIANT = CellSpec(
     name="lstm_variant", kind="lstm", chunks=("i", "f", "g", "o"),
     signals=("i", "f", "g", "o", "c", "h"), gates=("i", "f", "g", "o"),
-    keep_gate="f", input_gate="i", state="c", display=LSTM_NAMES)
+    keep_gate="f", input_gate="i", state="c", display=LSTM_NAMES,
+    return_path=("i", "f", "g", "o"), carried=("h", "c"))
 GRU_VARIANT = CellSpec(
     name="gru_variant", kind="gru", chunks=("r", "z", "n"),
     signals=("r", "z", "n", "h"), gates=("r", "z", "n"), keep_gate="z", input_gate=None,
-    state="h", candidate="n", display=GRU_NAMES)
+    state="h", candidate="n", display=GRU_NAMES, return_path=("r", "z", "n"),
+    carried=("h",))
 
 #: Activations with values in [−1, 1], and in [0, 1]: h of an LSTM is o ⊙ α(c), of a GRU a
 #: mix of h and n with weights z, 1 − z, so these bound h as tanh and sigmoid do.
@@ -89,6 +92,8 @@ def _diff(a: Tensor, b: Tensor) -> tuple[float, float]:
 
 class _VariantFamily(Family):
     """What the two variant families share; subclasses give the module class and step."""
+
+    edit_reads_whole = True  # its edited run reads every stretch (families/base.py)
 
     module_class: ClassVar[type] = nn.Module
     cell_name: ClassVar[str] = ""
@@ -171,8 +176,17 @@ class _VariantFamily(Family):
         return Reference(states, {"layer0": call.inputs}, initial, out, final)
 
     @abc.abstractmethod
-    def _step(self, w: VariantWeights, x: Tensor, parts: list[Tensor]) -> dict[str, Tensor]:
-        """One step of the cell from the state parts at t − 1: every signal by letter."""
+    def _step(self, w: VariantWeights, x: Tensor, parts: list[Tensor],
+              edit: StepEdit | None = None) -> dict[str, Tensor]:
+        """One step of the cell from the state parts at t − 1: every signal by letter
+        (``edit``: an intervention's edit inside the step)."""
+
+    def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0
+                  ) -> tuple[Any, dict[str, Tensor]]:
+        """Edits inside the variant's steps (families/variants_edit.py)."""
+        from gatelens.families.variants_edit import intervene
+
+        return intervene(self, call, plan, output, offset)
 
     def _fed(self, call: Call, ref: Reference, d: int, reverse: bool, name: str,
              dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -291,8 +305,8 @@ class VariantLSTMFamily(_VariantFamily):
     cell_name = "lstm_variant"
     specs = (LSTM_VARIANT,)
 
-    def _step(self, w, x, parts):
-        return lstm_variant_step(w, x, parts[0], parts[1])
+    def _step(self, w, x, parts, edit=None):
+        return lstm_variant_step(w, x, parts[0], parts[1], edit)
 
 
 class VariantGRUFamily(_VariantFamily):
@@ -305,5 +319,5 @@ class VariantGRUFamily(_VariantFamily):
     cell_name = "gru_variant"
     specs = (GRU_VARIANT,)
 
-    def _step(self, w, x, parts):
-        return gru_variant_step(w, x, parts[0])
+    def _step(self, w, x, parts, edit=None):
+        return gru_variant_step(w, x, parts[0], edit)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
+from gatelens.families.delta_edit import no_edit
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import MLSTM_RECIPE, XLSTMMLSTMFamily, mlstm_block
@@ -196,8 +197,15 @@ class XLSTMMixedFamily(XLSTMStack):
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         return self.view(k).initial_parts(k, batch)
 
-    def step_cell(self, k, m, u, parts, aux):
-        sig, new, y = self.view(k).step_cell(k, m, u, parts, aux)
+    def initial_stabiliser(self, k: int, batch: int) -> Tensor:
+        return self.view(k).initial_stabiliser(k, batch)
+
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit, prev=None):
+        view, own = self.view(k), edit
+        if "kappa" not in view.spec.signals:  # an mLSTM block: its keep f is also "kappa"
+            def own(letter: str, value: Tensor) -> Tensor:
+                return edit("kappa", edit("f", value)) if letter == "f" else edit(letter, value)
+        sig, new, y = view.step_cell(k, m, u, parts, aux, edit=own, prev=prev)
         return {"kappa": sig["f"], **sig}, new, y  # an sLSTM block's own κ wins
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:

@@ -32,8 +32,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gatelens.families.delta_edit import no_edit
 from gatelens.families.official import buffer_units
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -142,7 +144,13 @@ class XLSTMMLSTMFamily(XLSTMStack):
         return [z(batch, (self.conv_width - 1) * self.inner, dtype=torch.float64),
                 z(batch, NH * d * d, dtype=torch.float64), z(batch, NH * d, dtype=torch.float64)]
 
-    def step_cell(self, k, m, u, parts, aux):
+    def initial_stabiliser(self, k: int, batch: int) -> Tensor:
+        """The package's m before the first step (its step path starts at m = 0)."""
+        return torch.zeros(batch, self.heads, dtype=torch.float64)
+
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit, prev=None):
+        """One step; ``prev`` (an edited run): the stabiliser m before the step, from which
+        m' is computed as the package does (returned as ``sig["m"]``), else ``aux`` is m'."""
         layer = m.blocks[k].xlstm
         cell = layer.mlstm_cell
         buf, C, n = parts
@@ -152,21 +160,30 @@ class XLSTMMLSTMFamily(XLSTMStack):
         q, key, v = layer.q_proj(xc), layer.k_proj(xc), layer.v_proj(x_m)
         gin = torch.cat([q, key, v], dim=-1)
         pi, pf = cell.igate(gin), cell.fgate(gin)  # (R, NH) each
-        f = torch.sigmoid(pf)
+        f0 = torch.sigmoid(pf)
+        f = edit("f", f0)
+        m_new = aux if prev is None else torch.maximum(
+            (F.logsigmoid(pf) if f is f0 else torch.log(f)) + prev, pi)
+        i0 = torch.exp(pi - m_new)
+        i = edit("i", i0)  # the stabilised exp(ĩ − m'); an edited i is written as i · e^{m'}
         q, key, v = (t.view(-1, NH, d) for t in (q, key, v))
         kbar = key / math.sqrt(d)
-        ei = torch.exp(pi)[..., None]  # (R, NH, 1)
+        ei = (torch.exp(pi) if i is i0 else i * torch.exp(m_new))[..., None]  # (R, NH, 1)
         C_new = f[..., None, None] * C.view(-1, NH, d, d) + ei[..., None] * (
             kbar[..., :, None] * v[..., None, :])  # (R, NH, d, d): k̄ vᵀ
         n_new = f[..., None] * n.view(-1, NH, d) + ei * kbar  # (R, NH, d)
+        s_new = edit("s", torch.cat([C_new.reshape(-1, NH * d * d), n_new.reshape(-1, NH * d)],
+                                    dim=-1))
+        C_new, n_new = s_new[:, : NH * d * d].view(-1, NH, d, d), s_new[:, NH * d * d:].view(
+            -1, NH, d)
         num = torch.einsum("rhi,rhij->rhj", q, C_new)
         qn = torch.einsum("rhi,rhi->rh", q, n_new)[..., None]
-        denom = torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(aux)[..., None]
+        denom = torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(m_new)[..., None]
         htil = num / denom  # (R, NH, d)
-        h = cell.outnorm(htil[:, :, None]).transpose(1, 2).reshape(-1, self.inner)
-        out = (h + layer.learnable_skip * xc) * torch.nn.functional.silu(z)
+        h = edit("h", cell.outnorm(htil[:, :, None]).transpose(1, 2).reshape(-1, self.inner))
+        out = (h + layer.learnable_skip * xc) * F.silu(z)
         y = layer.proj_down(out)
-        sig = {"i": torch.exp(pi - aux), "f": f, "h": h}
+        sig = {"i": i, "f": f, "h": h, "m": m_new}
         return sig, [buf, C_new.reshape(-1, NH * d * d), n_new.reshape(-1, NH * d)], y
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
+from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, buffer_units
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, TANH, CellSpec
@@ -145,11 +146,13 @@ def to_vanilla(stack: nn.Module) -> nn.Module:
     return stack
 
 
-class XLSTMStack(OfficialFamily):
+class XLSTMStack(StepEdits, OfficialFamily):
     """An xLSTMBlockStack whose blocks are all of one kind (``kind``)."""
 
     kind = ""
     uses_aux = True
+    #: an edited run carries the package's stabiliser m itself (families/official_edit.py)
+    live_aux = "stabiliser"
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:
@@ -284,7 +287,13 @@ class XLSTMSLSTMFamily(XLSTMStack):
         return buf + [z(batch, H, dtype=torch.float64), z(batch, H, dtype=torch.float64),
                       torch.full((batch, H), -torch.inf, dtype=torch.float64)]
 
-    def step_cell(self, k, m, u, parts, aux):
+    def initial_stabiliser(self, k: int, batch: int) -> Tensor:
+        """The stabiliser before the first step: −∞, so m' = ĩ (the package's "n = 0")."""
+        return torch.full((batch, self.hidden_size), -torch.inf, dtype=torch.float64)
+
+    def step_cell(self, k, m, u, parts, aux, edit=no_edit, prev=None):
+        """One step; ``prev`` (an edited run): the stabiliser m before the step, from which
+        m' is computed as the package does (returned as ``sig["m"]``), else ``aux`` is m'."""
         layer = m.blocks[k].xlstm
         cell = layer.slstm_cell
         *buf, h, s, ell = parts
@@ -295,15 +304,24 @@ class XLSTMSLSTMFamily(XLSTMStack):
         b = cell._bias_int2ext(cell._bias_).permute(1, 0, 2).reshape(-1)  # (4H), gate-major
         ry = torch.einsum("rnd,ndge->rgne", h.view(-1, NH, H // NH), R).reshape(-1, 4 * H)
         pi, pf, pz, po = (wx + ry + b).chunk(4, dim=-1)  # (R, H) each, its order i, f, z, o
-        log_f = F.logsigmoid(pf)
-        ell_new = torch.logaddexp(log_f + ell, pi)
-        kappa = torch.exp(log_f + ell - ell_new)
-        z, o = torch.tanh(pz), torch.sigmoid(po)
-        s_new = kappa * s + (1 - kappa) * z
-        h_new = o * s_new
-        i = torch.exp(pi - aux) if aux is not None else torch.exp(pi - ell_new)
+        z, o = edit("z", torch.tanh(pz)), edit("o", torch.sigmoid(po))
+        f0 = torch.sigmoid(pf)
+        f = edit("f", f0)
+        log_f = F.logsigmoid(pf) if f is f0 else torch.log(f)
+        m_new = aux if prev is None else torch.maximum(pi, log_f + prev)
+        # i is the package's stabilised exp(ĩ − m'); an edited i is written as i · e^{m'}
+        ref = torch.logaddexp(log_f + ell, pi) if m_new is None else m_new
+        i0 = torch.exp(pi - ref)
+        i = edit("i", i0)
+        ell_new = torch.logaddexp(log_f + ell, pi if i is i0 else torch.log(i) + ref)
+        kappa0 = torch.exp(log_f + ell - ell_new)
+        kappa = edit("kappa", kappa0)
+        if kappa is not kappa0:  # an edited keep: n' = f n / κ
+            ell_new = log_f + ell - torch.log(kappa)
+        s_new = edit("s", kappa * s + (1 - kappa) * z)
+        h_new = edit("h", o * s_new)
         y = layer.group_norm(h_new.view(-1, NH, 1, H // NH)).transpose(1, 2).reshape(-1, H)
-        sig = {"z": z, "i": i, "f": torch.sigmoid(pf), "o": o, "kappa": kappa, "h": h_new}
+        sig = {"z": z, "i": i, "f": f, "o": o, "kappa": kappa, "h": h_new, "m": m_new}
         return sig, ([buf] if self.conv_width else []) + [h_new, s_new, ell_new], y
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:

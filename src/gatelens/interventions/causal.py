@@ -41,6 +41,7 @@ from gatelens.analysis.causal import (
     cut_from_rows,
     cut_rows,
     cuts,
+    has,
 )
 from gatelens.analysis.perturbation import LAGS, perturb_windows
 from gatelens.analysis.reach import kl_per_position, reach_from_rows
@@ -138,7 +139,7 @@ def return_cut(lens: Lens, ids: Tensor, p: int, *, perturbed: Tensor | None = No
         raise GatelensError(f"return_cut: perturbed must be ids of the shape of ids "
                             f"{tuple(ids.shape)}; got {getattr(perturbed, 'shape', perturbed)}")
     edits = [Patch(_key(path, k, g), source=ids, at=slice(p + 1, None))
-             for k in range(fam.num_layers) for g in letters]
+             for k in range(fam.num_layers) for g in letters if has(fam, k, g)]
     clean = _trace(lens.run(ids), path)
     uncut = _trace(lens.run(perturbed), path)
     cut = _trace(lens.run(perturbed, edits=edits), path)
@@ -163,7 +164,7 @@ def state_ablation(lens: Lens, ids: Tensor, p: int, *, path: str | None = None,
             raise GatelensError(f"state_ablation: over must be ids (B', T') with T' > {p}; "
                                 f"got {tuple(getattr(over, 'shape', ())) or type(over).__name__}")
     source = plain if over is None else lens.run(over)
-    keys = [_key(path, k, s) for k in range(fam.num_layers) for s in parts]
+    keys = [_key(path, k, s) for k in range(fam.num_layers) for s in parts if has(fam, k, s)]
     edits = [Set(key, source.trace[key][:, p].double().mean(0), at=p) for key in keys]
     clean, ablated = (output_logits(r.output) for r in (plain, lens.run(ids, edits=edits)))
     if clean is None or clean.ndim != 3 or clean.shape[:2] != ids.shape:

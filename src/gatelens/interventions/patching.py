@@ -3,8 +3,9 @@
 
 For each swept key (or group of keys patched together) and position t, the corrupted run
 receives the clean run's value at t, carried forward (``Lens.run`` with a Set of the clean
-value: the module's own kernel up to t, the family's step with the value inside it at t,
-the kernel again after), and the metric m is read from its output. The effect is reported
+value: the family's step with the value inside it at t, the module's kernel after it,
+starting at t from the corrupted run's own state and output before it, which the sweep read
+once), and the metric m is read from its output. The effect is reported
 normalised, (m(patched) − m(corrupt)) / (m(clean) − m(corrupt)): 0 where patching changes
 nothing, 1 where it restores the clean metric.
 
@@ -13,9 +14,9 @@ pass: (a_clean − a_corrupt) · ∂m/∂a at the corrupted run, summed over the
 edited units (a group: its keys' terms summed, each key differentiated with the others of
 its step free), normalised the same way. The gradient is taken through the whole model:
 a zero tensor that requires grad is added to each swept key at the swept positions, and
-the families run their edited steps with autograd on (nn.LSTM, nn.GRU, nn.RNN, their
-cells in loops, gatelens's minGRU, minLSTM and sLSTM). A family whose edited step gives
-no gradient is a one-line error (``attribution=False`` skips it).
+the families run their edited steps with autograd on (every family gatelens opens). A
+family whose edited step gives no gradient is a one-line error (``attribution=False``
+skips it).
 
 >>> import torch, gatelens
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -233,13 +234,13 @@ def patch_sweep(lens: Lens, clean: Tensor | str, corrupt: Tensor | str,
     for i, g in enumerate(groups):
         for j, t in enumerate(pos):
             edits = [Set(k, value(k, t), at=t, units=units) for k in g]
-            patched[i, j] = m_of(run_edits(lens, corrupt, edits, trace=False).output,
-                                 "patched")
+            patched[i, j] = m_of(run_edits(lens, corrupt, edits, trace=False,
+                                           start=bad.trace).output, "patched")
     effect = (patched - m_corrupt) / span
     attr = rho = None
     if attribution:
         raw = _attribution(lens, corrupt, clean, clean_logits, metric, groups, pos, a_clean,
-                           a_corrupt, units)
+                           a_corrupt, units, bad.trace)
         attr = raw / span
         rho = spearman(effect, attr)
     return PatchResult(metric.name, [" + ".join(g) for g in groups], pos, effect, patched,
@@ -249,9 +250,10 @@ def patch_sweep(lens: Lens, clean: Tensor | str, corrupt: Tensor | str,
 def _attribution(lens: Lens, corrupt: Tensor, clean: Tensor, clean_logits: Tensor,
                  metric: Metric, groups: list[tuple[str, ...]], pos: list[int],
                  a_clean: dict[str, Tensor], a_corrupt: dict[str, Tensor],
-                 units: list[int] | None) -> np.ndarray:
+                 units: list[int] | None, start: Any = None) -> np.ndarray:
     """(a_clean − a_corrupt) · ∂m/∂a at the corrupted run, per group and position, from one
-    backward pass through the whole model."""
+    backward pass through the whole model (``start``: the corrupted run's trace, where the
+    modules may start at the first swept position)."""
     from gatelens.interventions.run import _keys
 
     lo, hi = pos[0], pos[-1] + 1
@@ -260,7 +262,7 @@ def _attribution(lens: Lens, corrupt: Tensor, clean: Tensor, clean_logits: Tenso
         W = a.shape[-1] if units is None else len(units)
         deltas[k] = torch.zeros(a.shape[0], hi - lo, W, dtype=a.dtype, requires_grad=True)
     edits = [Add(k, d, at=slice(lo, hi), units=units) for k, d in deltas.items()]
-    res = run_edits(lens, corrupt, edits, trace=False, grad=True)
+    res = run_edits(lens, corrupt, edits, trace=False, grad=True, start=start)
     m = metric(_logits(res.output, "corrupt"), clean_logits.detach(), clean)
     keys = _keys(lens)
 

@@ -14,19 +14,27 @@ really received), with each edited module's signals the edited trajectory's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
+from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul, quiet_onednn
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family, Readout
+from gatelens.families.official_edit import ENTRY, clean_entry, entry_cut
 from gatelens.interventions.edits import Edit
 from gatelens.interventions.resolve import Resolved, plan_of, resolve
-from gatelens.readout.hooks import CellCache, family_calls, in_family_call, open_cells
+from gatelens.readout.hooks import (
+    CellCache,
+    family_calls,
+    in_family_call,
+    open_cells,
+    read_elsewhere,
+)
 from gatelens.readout.stitch import is_step_call
 from gatelens.readout.trace import assemble
 
@@ -47,10 +55,18 @@ class RunResult:
     edits: list[Edit] = field(default_factory=list)
 
 
+def _names(fam: Family) -> list[str]:
+    """The names an edit of ``fam`` may take: its trace names, and each layer's write
+    ``layerK.entry`` where its step takes one (families/official_edit.py)."""
+    if entry_cut(fam) is None:
+        return fam.names()
+    return fam.names() + [f"{layer_name(k)}.{ENTRY}" for k in range(fam.num_layers)]
+
+
 def _keys(lens: Lens) -> dict[str, tuple[str, str]]:
-    """Every trace key -> (module path, trace name), in the model's order."""
+    """Every key an edit may name -> (module path, trace name), in the model's order."""
     return {(f"{path}.{n}" if path else n): (path, n)
-            for path, fam in lens.families.items() for n in fam.names()}
+            for path, fam in lens.families.items() for n in _names(fam)}
 
 
 def _forward(lens: Lens, ids: Tensor, grad: bool = False) -> Any:
@@ -67,11 +83,20 @@ def _forward(lens: Lens, ids: Tensor, grad: bool = False) -> Any:
             m.training = flag
 
 
-def clean_trace(lens: Lens, ids: Tensor) -> dict[str, Tensor]:
-    """The unedited run's trace on ids, flat (``open_cells``'s keys)."""
+def clean_trace(lens: Lens, ids: Tensor, entries: bool = False) -> dict[str, Tensor]:
+    """The unedited run's trace on ids, flat (``open_cells``'s keys); ``entries``: with
+    each layer's write ``entry`` where the family has one (from that run's own signals)."""
     with open_cells(lens.model) as cache:
         _forward(lens, ids)
-    return {k: cache[k] for k in cache}
+    out = {k: cache[k] for k in cache}
+    for path, fam in lens.families.items() if entries else ():
+        traces = cache.traces.get(path) or []
+        if entry_cut(fam) is None or len(traces) != 1:
+            continue
+        for k in range(fam.num_layers):
+            name = f"{layer_name(k)}.{ENTRY}"
+            out[f"{path}.{name}" if path else name] = clean_entry(fam, traces[0], k)
+    return out
 
 
 @dataclass
@@ -86,7 +111,7 @@ class _Edited:
 
 
 def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
-          signals: bool = True):
+          signals: bool = True, start: Mapping[str, Tensor] | None = None):
     fam, name = state.fam, state.path or "the model"
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -107,11 +132,18 @@ def _hook(state: _Edited, resolved: list[Resolved], T: int, grad: bool = False,
         except (TypeError, ValueError) as e:
             raise GatelensError(f"{name}: {e}") from None
         plan = plan_of(resolved, state.path, length or call.length, name, grad, signals)
-        if not any(offset <= t < offset + call.length
-                   for layer in plan.layers() for t in plan.positions(layer)):
+        at = [t - offset for layer in plan.layers() for t in plan.positions(layer)
+              if offset <= t < offset + call.length]
+        if not at:
             return None
+        whole = length is None and signals  # one call on the whole window, traced: read
+        if length is None:  # once, by the family's edited run stretch by stretch, or by
+            plan.start = start  # open_cells unedited before the first edit (_edited_trace)
+            plan.known = whole and not fam.edit_reads_whole
         with faithful_matmul(call.inputs.device), family_calls():
             out, sig = fam.intervene(call, plan, output, offset)
+        if whole and fam.edit_reads_whole:
+            read_elsewhere(module)
         state.done.append((offset, call, sig))
         return out
 
@@ -140,14 +172,28 @@ class _instead:
             self.module.forward = self.old
 
 
+def _given(cache: CellCache | None, path: str) -> dict[str, Tensor] | None:
+    """The unedited run's signals of the module at ``path`` (one call on the whole window;
+    else None: it runs its prefix itself)."""
+    traces = [] if cache is None else cache.traces.get(path) or []
+    if len(traces) != 1 or "first_call" in traces[0].meta:
+        return None
+    return dict(traces[0].tensors)
+
+
 def _edited_trace(cache: CellCache, state: _Edited) -> None:
     """Each edited module's entries of ``cache`` made the edited trajectory's."""
     fam, path = state.fam, state.path
     cache.max_abs_diff.pop(path, None)  # it compared a read-out with the edited output
     traces = cache.traces.get(path, [])
     for offset, call, sig in state.done:
-        if not state.steps:  # one call on the whole sequence
-            traces[0] = assemble(fam, call, Readout(sig), edited=True)
+        if not state.steps:  # one call on the whole sequence; a family that gave only the
+            own, T = (traces or [None])[0], call.length  # steps from its first edit on (plan.
+            merged = {n: v if v.shape[1] == T else torch.cat(  # known) has open_cells's
+                [own[n][:, : T - v.shape[1]].to(v.dtype), v], dim=1) for n, v in sig.items()}
+            units = None if own is None else own.meta.get("state_units")  # each state
+            meta = {} if units is None else {"state_units": units}  # coordinate's unit kept
+            cache.traces[path] = [assemble(fam, call, Readout(merged, meta=meta), edited=True)]
             continue
         for n, tr in enumerate(traces):  # the stitched trajectory holding this call
             first = int(tr.meta.get("first_call", 0))
@@ -161,25 +207,30 @@ def _edited_trace(cache: CellCache, state: _Edited) -> None:
 
 
 def run_edits(lens: Lens, ids: Tensor, edits: Sequence[Edit], *, trace: bool = True,
-              grad: bool = False) -> RunResult:
+              grad: bool = False, start: CellCache | None = None) -> RunResult:
     """``lens.model`` on ``ids`` (B, T) int64 with ``edits`` (see ``Lens.run``).
     ``trace=False``: no read-out of the edited run (``RunResult.trace`` is None; what a
     patching sweep, which reads only the output, runs); ``grad``: autograd on, through the
-    edited steps (a tensor value that requires grad gets its gradient)."""
+    edited steps (a tensor value that requires grad gets its gradient); ``start``: the
+    trace of the unedited run on these ids, from which a module called once on the whole
+    window may start at its first edit (its state and output before it) instead of
+    running its prefix (a sweep's many runs on one input)."""
     if not isinstance(ids, Tensor):
         raise GatelensError(f"Lens.run takes ids (B, T) int64; got {type(ids).__name__}")
     ids = lens.windows(ids, 1, int(ids.shape[-1]) if ids.ndim else 1)[0]
     if isinstance(edits, (Edit, str)) or not isinstance(edits, Sequence):
         raise GatelensError("edits must be a list of gatelens.Set, Add, Scale, Zero, Mean or "
                             f"Patch; got {type(edits).__name__}")
-    resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x), ids)
+    entries = any(isinstance(e, Edit) and str(e.name).endswith(f".{ENTRY}") for e in edits)
+    resolved = resolve(edits, _keys(lens), lambda x: clean_trace(lens, x, entries), ids)
     states = {p: _Edited(lens.families[p], p) for p in dict.fromkeys(r.path for r in resolved)}
     T = int(ids.shape[1])
     if trace:  # a forward hook: the module's own output is spliced in before the first edit
         handles = [lens.families[p].module.register_forward_hook(
             _hook(st, resolved, T, grad), with_kwargs=True) for p, st in states.items()]
     else:  # the output alone: an edited call does not run the module's own forward first
-        handles = [_instead(lens.families[p].module, _hook(st, resolved, T, grad, False))
+        handles = [_instead(lens.families[p].module, _hook(st, resolved, T, grad, False,
+                                                           _given(start, p)))
                    for p, st in states.items()]
     cache = None
     try:  # these hooks run before open_cells's, so it sees what each edited call returned

@@ -51,6 +51,7 @@ from gatelens.lens.tokens import (
     vocab_list,
     vocab_size,
 )
+from gatelens.readout.hooks import in_family_call
 from gatelens.readout.own_call import mark, refuse_global_hooks
 from gatelens.readout.select import Selection, select_paths
 from gatelens.readout.stitch import Stitcher, is_step_call
@@ -101,9 +102,8 @@ class Lens:
     or "bytes"; every figure and page speaks of it, and a model read in tokens or bytes has
     its replacement drawn from the tokens occurring in the windows.
     ``encode`` maps ids (B, T) int64 to what ``model(...)`` takes (default: the ids). A
-    model with no module gatelens opens raises GatelensError naming its class. Modules
-    nested inside an opened one are part of it, not opened again.
-    """
+    model with no module gatelens opens raises GatelensError naming its class; modules
+    nested inside an opened one are part of it."""
 
     def __init__(self, model: nn.Module | Run, vocab: Sequence[str] | int | None = None,
                  encode: Callable[[Tensor], Any] | None = None, *,
@@ -251,6 +251,8 @@ class Lens:
             steps = Stitcher(fam)
 
             def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+                if in_family_call():  # an edited call's family running its module itself
+                    return
                 calls.append(fam.split_call(args, kwargs))
                 if is_step_call(fam, calls[-1][0]):
                     steps.add(*calls[-1], output)
@@ -306,8 +308,7 @@ class Lens:
             return model(self.encode(ids))
         # an HF model reads whole windows without its cache: transformers 5.23's RWKV, its
         # cache on (the default in eval), broadcasts a one-token batch (B, 1) to (B, B, V)
-        kwargs = {"use_cache": False} if hasattr(getattr(model, "config", None),
-                                                 "use_cache") else {}
+        kwargs = {"use_cache": False} if hasattr(getattr(model, "config", 0), "use_cache") else {}
         try:
             return model(ids, **kwargs)
         except (TypeError, RuntimeError, IndexError, AttributeError, ValueError) as e:

@@ -147,6 +147,16 @@ def module_training(fam: Family) -> bool:
     return fam.module.training
 
 
+#: modules whose call now finishing an edited run read itself (interventions/run.py)
+_READ_ELSEWHERE: set[int] = set()
+
+
+def read_elsewhere(module: nn.Module) -> None:
+    """``open_cells`` leaves ``module``'s call now finishing unread: an edited run read it
+    whole (its own kernel stretch by stretch, interventions/run.py), so it is read once."""
+    _READ_ELSEWHERE.add(id(module))
+
+
 def only(tr: Trace, names: Sequence[str] | None) -> Trace:
     """``tr`` holding only the trace names ``names`` keeps (None: all)."""
     if names is None:
@@ -206,6 +216,9 @@ def open_cells(model: nn.Module, layers: Selection = None,
             # always called, also when the forward raised (output None): the count stays true
             running.leave(path)
             try:
+                if id(module) in _READ_ELSEWHERE:  # an edited run read this call whole
+                    _READ_ELSEWHERE.discard(id(module))
+                    return
                 read_call(module, args, kwargs, output)
             finally:  # what the user's forward recorded is read once, or dropped
                 if path in recorders and not running.busy:
