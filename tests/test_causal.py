@@ -250,3 +250,38 @@ def test_analyzes_causal_section_of_a_module_called_one_step_a_call() -> None:
     assert want.kl_at_p > 0 and want.kl[0] > 0
     assert causal["state_ablation"]["kl_at_p"] == pytest.approx(want.kl_at_p, rel=1e-5)
     assert causal["state_ablation"]["kl"] == pytest.approx(want.kl, rel=1e-4, abs=1e-12)
+
+
+def test_each_layers_cut_rows_are_that_layers_own_split() -> None:
+    """cut_rows splits the whole stack once and takes each layer's slice of the state axis;
+    a layer's rows must equal the split of that layer alone (a one-layer trace), so an
+    offset or an order gone wrong is caught. Layers of different widths (an LSTM of 6
+    then one of 4 units) and a cut run that differs from the uncut one."""
+    from gatelens.analysis.causal import cut_rows
+    from gatelens.analysis.perturbation import decay_rows, decompose
+    from gatelens.readout.trace_types import Trace
+
+    torch.manual_seed(0)
+    a, b = nn.LSTM(3, 6, batch_first=True), nn.LSTM(6, 4, batch_first=True)
+    x = torch.randn(3, 16, 3)
+    x2, x3 = x.clone(), x.clone()
+    x2[:, 4] += 1.0
+    x3[:, 4] += 1.0
+    x3[:, 9] -= 0.5  # the "cut" run: any other run does for the bookkeeping
+    traces = []
+    for inp in (x, x2, x3):
+        ta, tb = gatelens.trace(a, inp), gatelens.trace(b, a(inp)[0].detach())
+        traces.append(Trace("lstm", 2, False, {**ta.tensors, **{
+            n.replace("layer0", "layer1"): v for n, v in tb.tensors.items()}}))
+    clean, uncut, cut = traces
+    rows = cut_rows(clean, uncut, cut, 4)
+    for k in range(2):
+        one = [Trace("lstm", 1, False, {n.replace(f"layer{k}", "layer0"): v
+                                        for n, v in t.tensors.items()
+                                        if n.startswith(f"layer{k}.")}) for t in traces]
+        split = decay_rows(one[0], one[1], 4, decompose(one[0], one[1], 4))["rows"]
+        assert torch.equal(rows["curves"][k]["measured"],
+                           decay_rows(one[0], one[2], 4)["rows"]["measured"])
+        assert torch.equal(rows["curves"][k]["forget_path"], split["forget_path"])
+        assert torch.equal(rows["curves"][k]["uncut"], split["measured"])
+    assert rows["curves"][None]["measured"].shape == (3, 12)

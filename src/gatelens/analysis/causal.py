@@ -31,8 +31,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gatelens.analysis.common import finite_or_none
-from gatelens.analysis.perturbation import LAGS, decay_rows, decompose, report_lags
+from gatelens.analysis.common import finite_or_none, pooled
+from gatelens.analysis.perturbation import (
+    LAGS,
+    decompose,
+    ratio_rows,
+    report_lags,
+)
 from gatelens.analysis.reach import OutputReach, kl_per_position
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul
@@ -87,15 +92,6 @@ def has(fam: Family, k: int, letter: str) -> bool:
     return letter == ENTRY or letter in own
 
 
-def one_layer(trace: Trace, k: int) -> Trace:
-    """Layer k of ``trace`` as a one-layer trace (``layer0.*``), its per-layer meta kept."""
-    tensors = {f"layer0.{n}": v for n, v in trace.layer(k).items()}
-    meta = dict(trace.meta)
-    if meta.get("state_units") is not None:
-        meta["state_units"] = [meta["state_units"][k]]
-    return Trace(trace.cell, 1, False, tensors, meta=meta)
-
-
 def _patch(values: Tensor) -> Callable[[int, Tensor], Tensor]:
     """An edit's apply: position t's value of ``values`` (B, T, W)."""
     return lambda t, v: values[:, t].to(v.dtype).clone()
@@ -130,22 +126,33 @@ def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
                                             {"state_units": units}), edited=True)
 
 
-def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int) -> dict:
+def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,
+             split: dict[str, Tensor] | None = None) -> dict:
     """One chunk's rows of the cut: per layer and pooled (None), each kept window's ratio
     curves (n, T − p): "measured" (the cut run), "forget_path" and "uncut" (the uncut
     perturbed run's split); and the largest |δs_cut − forget path| with the largest ‖δs_p‖
-    it is measured against."""
+    it is measured against. ``split``: ``decompose(clean, uncut, p)`` where the caller has
+    it already. The split is computed once on the whole stack and each layer's rows are
+    its slice of the state axis: every keep (element-wise, or a keep operator) acts within
+    its layer, so a layer's slice is exactly that layer's own split."""
+    split = decompose(clean, uncut, p) if split is None else split
+    s = pooled(clean, clean.state_name).double()  # (B, T, S)
+    moved = {"measured": pooled(cut, clean.state_name).double() - s,  # the cut run's δs
+             "uncut": split["measured"], "forget_path": split["forget_path"]}
+    widths = [clean[f"{layer_name(k)}.{clean.state_name}"].shape[-1]
+              for k in range(clean.num_layers)]
+    ends = np.cumsum([0, *widths]).tolist()
     out: dict[str, Any] = {"curves": {}}
     for k in [*range(clean.num_layers), None]:
-        tr = (clean, uncut, cut) if k is None else tuple(one_layer(t, k) for t in (clean, uncut,
-                                                                                   cut))
-        split = decay_rows(tr[0], tr[1], p)["rows"]
-        out["curves"][k] = {"measured": decay_rows(tr[0], tr[2], p)["rows"]["measured"],
-                            "forget_path": split["forget_path"], "uncut": split["measured"]}
-    forget = decompose(clean, uncut, p)["forget_path"]  # (B, T, S)
-    delta = decompose(clean, cut, p)["measured"]
-    out["residual"] = float((delta - forget)[:, p:].abs().max())
-    out["scale"] = float(forget[:, p].norm(dim=-1).max())
+        at = slice(None) if k is None else slice(ends[k], ends[k + 1])
+        d = {n: v[..., at] for n, v in moved.items()}
+        kept = {n: d[n][:, p].norm(dim=-1) > 0 for n in ("measured", "uncut")}
+        out["curves"][k] = {
+            "measured": ratio_rows(d["measured"], p, kept["measured"]),
+            "forget_path": ratio_rows(d["forget_path"], p, kept["uncut"], d["uncut"][:, p]),
+            "uncut": ratio_rows(d["uncut"], p, kept["uncut"])}
+    out["residual"] = float((moved["measured"] - moved["forget_path"])[:, p:].abs().max())
+    out["scale"] = float(moved["forget_path"][:, p].norm(dim=-1).max())
     return out
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar, Protocol
 
 from torch import Tensor
 
+from gatelens.analysis.perturbation import decompose
 from gatelens.analysis.result import Captured, Runner
 from gatelens.analysis.settings import AnalysisSettings
 from gatelens.families.base import Call, Dynamics, Family, Reference
@@ -70,6 +71,12 @@ class Chunk:
         if self.call.layout.get("packed") is not None:
             return None
         return self.setup.fam.dynamics(self.call, self.reference)
+
+    @cached_property
+    def decomposition(self) -> dict[str, Tensor] | None:
+        """The perturbation's split into forget and return paths (``decompose``), float64
+        (b, T, S) each: the perturbation's curves and the return path cut both read it."""
+        return decompose(self.trace, self.trace_perturbed, self.setup.settings.perturb_pos)
 
     @property
     def memory(self) -> int:

@@ -25,7 +25,6 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from gatelens.analysis import decompose
 from gatelens.analysis.causal import (
     REFUSED,
     CausalMemory,
@@ -235,7 +234,7 @@ class Perturbation(Accumulator):
 
     def update(self, chunk: Chunk) -> None:
         p = self.setup.settings.perturb_pos
-        dec = decompose(chunk.trace, chunk.trace_perturbed, p)
+        dec = chunk.decomposition
         self.rows.append(decay_rows(chunk.trace, chunk.trace_perturbed, p, dec))
         if not self.rows[1:]:
             self.first = dec  # the page shows the first chunk's split
@@ -299,7 +298,8 @@ class Causal(Accumulator):
             except REFUSED as e:
                 self.note = why(e)
             else:
-                self.rows.append(cut_rows(chunk.trace, chunk.trace_perturbed, cut, p))
+                self.rows.append(cut_rows(chunk.trace, chunk.trace_perturbed, cut, p,
+                                          chunk.decomposition))
         if self.parts:
             for k in range(fam.num_layers):
                 for s in self.parts:

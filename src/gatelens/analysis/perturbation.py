@@ -184,7 +184,7 @@ def _written(s: Tensor, a: Tensor) -> Tensor:
     return s - a * prev
 
 
-def _ratio_rows(delta: Tensor, position: int, keep: Tensor,
+def ratio_rows(delta: Tensor, position: int, keep: Tensor,
                 base: Tensor | None = None) -> Tensor:
     """‖δ_{p+k}‖ / ‖base‖ for k = 0 … T−1−p of every kept window, float64 (n, T − p).
 
@@ -212,15 +212,15 @@ def decay_rows(trace: Trace, perturbed: Trace, position: int,
     keep = delta[:, position].norm(dim=-1) > 0  # (B,)
     # the layer's output: h, or y where the cell's output is not its state (Mamba, RWKV)
     h, h2 = (pooled(t, trace.spec.output) for t in (trace, perturbed))  # (B, T, H_out)
-    rows = {"measured": _ratio_rows(delta, position, keep),
-            "measured_h": _ratio_rows(h2.double() - h.double(), position, keep)}
+    rows = {"measured": ratio_rows(delta, position, keep),
+            "measured_h": ratio_rows(h2.double() - h.double(), position, keep)}
     out = {"rows": rows, "residual": None, "state": trace.state_name}
     if decomposition is None:
         decomposition = decompose(trace, perturbed, position)
     if decomposition is not None:
         base = delta[:, position]  # (B, S): ‖δs_p‖ is the unit of every curve
         for name in ("forget_path", "return_path"):
-            rows[name] = _ratio_rows(decomposition[name], position, keep, base)
+            rows[name] = ratio_rows(decomposition[name], position, keep, base)
         total = decomposition["forget_path"] + decomposition["return_path"]
         out["residual"] = float((decomposition["measured"] - total).abs().max())
     return out
