@@ -7,15 +7,18 @@ Its functions are ``torch.jit``-scripted module-level functions (no hook reaches
 and it takes one sequence per call, so the per-token states it holds never leave it.
 ``time_mix_scan`` and ``channel_mix_scan`` are those two functions as the package writes
 them (the same expressions in the same order: the token shift, the six mixes, the
-projections, normalize, w = exp(−0.606531·σ(·)) in float, the per-t update), batched over B
-windows and keeping S after every token; ``scan_model`` is ``forward_seq`` (full output)
-on top of them. In float32 its logits and final state are ``forward_seq``'s bit for bit
-(tests/test_rwkv7_scan.py, which also holds every state against the package's one-token
-path: within float32 rounding, as that path's row-by-row projections round differently).
+projections, normalize, w = exp(−0.606531·σ(·)) in float, the per-t update) on B windows:
+what the package does for all T tokens at once runs a window at a time on its own shapes
+(``windows``), the per-t update on all B windows at once, S kept after every token;
+``scan_model`` is ``forward_seq`` (full output) on top of them. In float32 its logits and
+final state are ``forward_seq``'s bit for bit (tests/test_rwkv7_scan.py, which also holds
+every state against the package's one-token path: within float32 rounding, as that path's
+one-row projections round differently).
 
-The same functions run in float64 on a float64 copy of the weights for the free-running
-re-run (``scan_layer``): one pass per layer instead of T·L hand-cell steps. The state's
-dtype is float32 wherever the package's is (``.float()`` there), float64 in float64.
+The same functions run in float64 on a float64 copy of the weights for the family's
+free-running re-run (``scan_block``, a layer at a time): one pass per layer instead of T·L
+hand-cell steps. The state's dtype is float32 wherever the package's is (its ``.float()``),
+float64 in float64.
 
 >>> x = torch.ones(3, 2)  # (T, C): the token shift is x_{t−1} − x_t, zeros before t = 0
 >>> token_shift(x)[:, 0].tolist()
