@@ -30,7 +30,8 @@ re-run is the same pass in float64, a layer at a time. The package's own one-tok
 (``RWKV_x070_TMix_one`` and ``RWKV_x070_CMix_one``, what ``forward_one`` runs, layer by
 layer on its ``z``, ``_trajectory``) is the independent reference: every state agrees with
 it within float32 rounding (tests/test_rwkv7_scan.py; its projections run one row at a
-time), at T·L calls from Python, ~20× the pass at RWKV-7 0.1B's width (BENCHMARKS.md).
+time), at T·L calls from Python: 8× ``forward_seq`` at RWKV-7 0.1B's width, where ``trace``
+by the pass is 1.2× (BENCHMARKS.md).
 
 The model reads token ids (no batch), so ``Lens`` takes it wrapped in ``RWKV7LM`` (ids (B, T)
 -> logits (B, T, V), window by window through the package's ``forward``); ``trace`` and
