@@ -6,9 +6,12 @@ checkpoint), a vocabulary of 1,000; random weights, the projections at 1/√fan-
 checkpoint is written as a .pth of tensors in a temporary folder and built by the package
 itself (strategy "cpu fp32"). Timed (best of --repeats, CPU seconds of this process) on B
 windows of T ids: the package's whole-window ``forward_seq`` (full output); its one-token
-``forward`` id by id; the family's reference (the package's one-token step per layer, plus
-one ``forward_seq`` for the final state); the anchored read (float64, every step at once);
-and ``gatelens.trace`` in all.
+``forward`` id by id; the family's reference, now one whole-window pass per layer in
+forward_seq's own arithmetic (families/rwkv7_scan.py) and before the package's one-token
+step per layer (``_trajectory``, kept as the independent reference); the anchored read
+(float64, every step at once); the free-running re-run; and ``gatelens.trace`` in all.
+Then the checks: one-step error, the pass against forward_seq (bit for bit) and against
+the one-token path (scaled).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_rwkv7.py --threads 1
 """
@@ -83,6 +86,7 @@ def main() -> None:
     os.environ["RWKV_V7_ON"] = "1"  # before rwkv.model is imported: it defines RWKV_x070
     pkg = importlib.import_module("rwkv.model")
     import gatelens
+    from gatelens.families.official import scaled_diff
     from gatelens.families.rwkv7 import RWKV7Family
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,10 +112,17 @@ def main() -> None:
     with torch.no_grad():
         times = {"forward_seq (the package's forward)": _best(seq, args.repeats),
                  "forward id by id (its one-token path)": _best(one, args.repeats),
-                 "reference (its one-token step per layer + one forward_seq)":
+                 "reference: one whole-window pass per layer (now)":
                      _best(lambda: fam.reference(call), args.repeats),
+                 "reference: its one-token step per layer (before)":
+                     _best(lambda: fam._trajectory(call), args.repeats),
                  "anchored read (float64)": _best(lambda: fam.read(call, ref), args.repeats),
-                 "trace in all": _best(lambda: gatelens.trace(model, ids), args.repeats)}
+                 "free-running re-run (float64, a pass per layer)":
+                     _best(lambda: fam.rerun(call), args.repeats),
+                 "trace in all (method own, the default)":
+                     _best(lambda: gatelens.trace(model, ids), args.repeats),
+                 "trace in all (method anchored)":
+                     _best(lambda: gatelens.trace(model, ids, method="anchored"), args.repeats)}
     base = times["forward_seq (the package's forward)"]
     print(f"RWKV-7, 2 layers, n_embd {args.width}, heads of {args.head_size}, B {B}, T {T}, "
           f"{args.threads} thread(s)")
@@ -119,10 +130,20 @@ def main() -> None:
     for name, t in times.items():
         print(f"| {name} | {t:.3f} | {t / base:.1f} |")
     rows = fam.one_step(call, ref)
+    decode = fam._trajectory(call)
+    gap = max(scaled_diff(ref.states[f"layer{k}.s"], decode["parts"][k][1])[1]
+              for k in range(2))
+    exact = True
+    for b, row in enumerate(ids):  # the pass against forward_seq, window by window
+        out, state = model.forward(row.tolist(), None, full_output=True)
+        exact &= torch.equal(out, ref.output[b]) and all(
+            torch.equal(state[3 * k + 1].reshape(-1), ref.extra["parts"][k][1][b, -1])
+            for k in range(2))
     print(f"one-step {max(r.max_scaled_diff_h for r in rows):.2g} scaled "
-          f"({max(r.max_abs_diff_h for r in rows):.2g} absolute); forward_seq against the "
-          f"one-token path {ref.extra['step_vs_forward'][1]:.2g} scaled, final state "
-          f"{ref.extra['final_vs_step'][1]:.2g}")
+          f"({max(r.max_abs_diff_h for r in rows):.2g} absolute); the pass's logits and final "
+          f"state are forward_seq's bit for bit: {exact}; its states against the one-token "
+          f"path {gap:.2g} scaled, its logits "
+          f"{scaled_diff(decode['output'], ref.output)[1]:.2g}")
 
 
 if __name__ == "__main__":

@@ -19,12 +19,19 @@ A_t(S) = S (diag(w_t) − kk_t (kk_t ⊙ a_t)ᵀ) (``rwkv7_keep``); the keep gat
 (its key coordinate: w_j scales column j of every head's S). The input enters S through the
 token shift: a window of 2 positions.
 
-The module's own trajectory: the package's own one-token step, ``RWKV_x070_TMix_one`` and
-``RWKV_x070_CMix_one`` (what ``forward_one`` runs, layer by layer, in its order, on its ``z``),
-one token at a time from the zero state, so each block's input and output are seen; the
-whole-window forward (``forward_seq``, full output) is compared with it
-(``step_vs_forward``), as is the state ``forward_seq`` leaves after the prompt
-(``final_vs_step``). The package cannot batch: windows run one after another.
+The module's own trajectory: ONE whole-window pass per layer in ``forward_seq``'s own
+arithmetic (families/rwkv7_scan.py: the package's time and channel mix, every token's r, w,
+k, v, a, g, kk a window at a time, then its per-t update on all B windows at once, S kept
+after every token). Its logits and final state are ``forward_seq``'s bit for bit, so it IS
+the forward: the package's jit-scripted functions cannot be hooked, and ``open_cells`` runs
+the pass once after the user's forward. ``trace`` hands over the values it formed
+(``method="own"``); the float64 hand cell below is the one-step check, and the free-running
+re-run is the same pass in float64, a layer at a time. The package's own one-token step
+(``RWKV_x070_TMix_one`` and ``RWKV_x070_CMix_one``, what ``forward_one`` runs, layer by
+layer on its ``z``, ``_trajectory``) is the independent reference: every state agrees with
+it within float32 rounding (tests/test_rwkv7_scan.py; its projections run one row at a
+time), at T·L calls from Python: 8× ``forward_seq`` at RWKV-7 0.1B's width, where ``trace``
+by the pass is 1.2× (BENCHMARKS.md).
 
 The model reads token ids (no batch), so ``Lens`` takes it wrapped in ``RWKV7LM`` (ids (B, T)
 -> logits (B, T, V), window by window through the package's ``forward``); ``trace`` and
@@ -52,8 +59,9 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Readout, Reference
-from gatelens.families.official import OfficialFamily, scaled_diff
+from gatelens.families.official import OfficialFamily
 from gatelens.families.rwkv7_edit import RWKV7Edits
+from gatelens.families.rwkv7_scan import TMIX, scan_block, scan_model, windows
 from gatelens.families.rwkv7_train import (  # noqa: F401 - W_SCALE re-exported
     RWKV7_RECIPE,
     W_SCALE,
@@ -62,10 +70,8 @@ from gatelens.families.rwkv7_train import (  # noqa: F401 - W_SCALE re-exported
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _PKG, _CLS = "rwkv.model", "RWKV_x070"
-#: what ``RWKV_x070_TMix_one`` takes after (layer, H, N, x, x_prev, v_first, state), by key
-_TMIX = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "w1", "w2", "a0", "a1", "a2", "v0",
-         "v1", "v2", "g1", "g2", "k_k", "k_a", "r_k", "receptance.weight", "key.weight",
-         "value.weight", "output.weight", "ln_x.weight", "ln_x.bias")
+#: the signals the whole-window pass forms as the package does (s and y: its states)
+_OWN = ("r", "w", "k", "v", "a", "kk")
 
 
 def rwkv7_keep(signals: dict[str, Tensor], s: Tensor) -> Tensor:
@@ -246,19 +252,25 @@ class RWKV7Family(RWKV7Edits, OfficialFamily):
 
     # ---- the module's own computation ----------------------------------------------
     def _forward(self, call: Call) -> Tensor:
-        outs, finals = [], []
-        for row in call.layout["ids"]:
-            out, state = _window(self.model, row)
-            outs.append(out)
-            finals.append(torch.cat([state[3 * k + 1].reshape(-1)
-                                     for k in range(self.num_layers)]))
-        self.__dict__["_finals"] = torch.stack(finals)  # read by reference, once
-        return torch.stack(outs)
+        return torch.stack([_window(self.model, row)[0] for row in call.layout["ids"]])
+
+    def _forward_trajectory(self, call: Call) -> dict:
+        """Every layer's per-token states from ONE whole-window pass per layer, batched over
+        the windows: ``forward_seq``'s own arithmetic (families/rwkv7_scan.py), its logits
+        and final state bit for bit. The package's jit-scripted forward cannot be hooked,
+        so this pass is the forward; "step_vs_forward" is None (no second path runs)."""
+        (H, N), L = self.heads, self.num_layers
+        got = scan_model(self.model.z, H, N, L, call.inputs)
+        own = [{n: sig[n] for n in _OWN} for sig in got["sig"]]
+        aux = [None] + [got["sig"][0]["v_first"]] * (L - 1)
+        return {"x": got["x"], "u": got["x"], "y": got["xo"], "xo": got["xo"],
+                "parts": got["parts"], "aux": aux, "output": got["output"], "own": own,
+                "step_vs_forward": None}
 
     def _trajectory(self, call: Call) -> dict:
         m, pkg, L = self.model, self.package, self.num_layers
         z, C, (H, N) = m.z, self.hidden_size, self.heads
-        args = [tuple(z[f"blocks.{k}.att.{n}"] for n in _TMIX) for k in range(L)]
+        args = [tuple(z[f"blocks.{k}.att.{n}"] for n in TMIX) for k in range(L)]
         rec: dict[str, list] = {n: [[] for _ in range(L)] for n in ("x", "xo", "v1", "p")}
         outs = []
         for b in range(call.batch):
@@ -299,10 +311,22 @@ class RWKV7Family(RWKV7Edits, OfficialFamily):
 
     def reference(self, call: Call) -> Reference:
         ref = super().reference(call)
-        ref.final = self.__dict__.pop("_finals")  # forward_seq's state after the prompt
-        step = torch.cat([ref.extra["parts"][k][1][:, -1] for k in range(self.num_layers)], -1)
-        ref.extra["final_vs_step"] = scaled_diff(ref.final[:, None], step[:, None])
+        # the state forward_seq leaves after the prompt (the pass's last S, bit for bit)
+        ref.final = torch.cat([ref.extra["parts"][k][1][:, -1]
+                               for k in range(self.num_layers)], -1)
         return ref
+
+    def output_diff(self, readout: Readout, output: Any) -> float | None:
+        """max |the package's head on the read-out's top y − the logits RWKV7LM returned|
+        (the bare model's (logits, state) of one sequence: None)."""
+        top = readout.signals.get(f"{layer_name(self.num_layers - 1)}.y")
+        if top is None or not isinstance(output, Tensor) or output.shape[:2] != top.shape[:2]:
+            return None
+        z, C = self.model.z, self.hidden_size
+        head = windows(lambda y: F.layer_norm(y, (C,), weight=z["ln_out.weight"],
+                                              bias=z["ln_out.bias"]) @ z["head.weight"],
+                       top.to(z["head.weight"].dtype))
+        return float((head.double() - output.detach().double()).abs().max())
 
     # ---- the hand cell (families/rwkv7_edit.py), float64 on a float64 copy of z -----
     def float64(self) -> dict[str, Tensor]:  # type: ignore[override]
@@ -338,18 +362,19 @@ class RWKV7Family(RWKV7Edits, OfficialFamily):
         return sigs, new
 
     def rerun(self, call: Call) -> Readout:
-        m, L = self.float64(), self.num_layers
-        parts = [self.initial_parts(k, call.batch) for k in range(L)]
-        seq: dict[str, list[Tensor]] = {n: [] for n in self.names()}
+        """The free-running re-run in float64, one pass per layer over the whole window
+        (``scan_block``: the package's own arithmetic on the float64 weights), v_first
+        carried up from layer 0: the hand cell's equations without T·L calls from Python."""
+        m, (H, N) = self.float64(), self.heads
+        x, v_first, signals = call.inputs.double(), None, {}
         with torch.no_grad():
-            for t in range(call.length):
-                sigs, parts = self._stack_step(m, call.inputs[:, t].double(), parts)
-                for k, sig in enumerate(sigs):
-                    for letter in self.spec.signals:
-                        seq[f"{layer_name(k)}.{letter}"].append(sig[letter])
-        return Readout(signals={n: torch.stack(v, 1).to(call.inputs.dtype)
-                                for n, v in seq.items()},
-                       meta={"method": "free-running", "family": self.name})
+            for k in range(self.num_layers):
+                sig, parts, x = scan_block(k, m, H, N, x, v_first)
+                v_first = sig["v_first"]
+                sig = {**sig, "s": parts[1], "y": x}
+                for letter in self.spec.signals:
+                    signals[f"{layer_name(k)}.{letter}"] = sig[letter].to(call.inputs.dtype)
+        return Readout(signals=signals, meta={"method": "free-running", "family": self.name})
 
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         m, L, C = self.float64(), self.num_layers, self.hidden_size
@@ -361,6 +386,7 @@ class RWKV7Family(RWKV7Edits, OfficialFamily):
         units = torch.cat([torch.where(u >= 0, u + k * C, u) for k in range(L)
                            for u in self.part_units(k)])
         return [Dynamics(step=step, inputs=call.inputs.double(),
-                         trajectory=[p for k in range(L) for p in ref.extra["parts"][k]],
+                         trajectory=[p.double() for k in range(L)
+                                     for p in ref.extra["parts"][k]],
                          initial=[p for k in range(L) for p in self.initial_parts(k, call.batch)],
                          order=list(range(call.length)), units=units)]
