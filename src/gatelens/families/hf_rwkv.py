@@ -21,8 +21,8 @@ operations in its order (rwkv4_scan.wkv_replay), so every state is the one its l
 what the output Linear received: ``step_vs_forward``, zero; the one-step check holds the
 read-out wkv against it, as the states never read time_first). ``trace`` reads these values
 themselves (method "own"); ``open_cells`` records the user's own forward. At rwkv-4-169m's
-config cut to 2 layers (B = 2, T = 128) the trace costs 1.4× the backbone's forward, the
-decode path 18.7× (BENCHMARKS.md, 2026-12-06). The free-running re-run goes a layer at a
+config (B = 2, T = 128; 2 and 12 layers) the trace costs 1.4–1.7× the backbone's forward,
+the decode path 19–23× (BENCHMARKS.md, 2026-12-06). The free-running re-run goes a layer at a
 time (``scan_layer``). A module on the decode path instead (a forward put in place of the
 attention's, or transformers' CUDA kernel): the model run one token at a time with ``state``
 passed along, every state after every step, one window at a time: in transformers
