@@ -12,8 +12,20 @@ num/den (``wkv``, what the layer reads out) is not the carried state: its own mi
 factor e^{−w} den_{t−1}/den_t reads den, so it has a return path even inside one layer.
 The input enters (num, den) through the token shift: a window of 2 positions.
 
-The module's own trajectory: the model run one token at a time with ``state`` passed along
-(its recurrent path), every state after every step, one window at a time: in transformers
+The module's own trajectory, from ONE whole-sequence forward (``scan_modules``,
+``trajectory_recorded``): its CPU path forms key, value and receptance for the whole window
+with its Linear modules, which are recorded, then loops over t for the max-shifted state,
+returning only the last; that loop is replayed on what they returned, the package's own
+operations in its order (rwkv4_scan.wkv_replay), so every state is the one its loop held
+(the returned state after the window, bit for bit) and its wkv the forward's (r ⊙ wkv is
+what the output Linear received: ``step_vs_forward``, zero; the one-step check holds the
+read-out wkv against it, as the states never read time_first). ``trace`` reads these values
+themselves (method "own"); ``open_cells`` records the user's own forward. At rwkv-4-169m's
+config (B = 2, T = 128; 2 and 12 layers) the trace costs 1.4–1.7× the backbone's forward,
+the decode path 19–23× (BENCHMARKS.md, 2026-12-06). The free-running re-run goes a layer at a
+time (``scan_layer``). A module on the decode path instead (a forward put in place of the
+attention's, or transformers' CUDA kernel): the model run one token at a time with ``state``
+passed along, every state after every step, one window at a time: in transformers
 5.23 a one-token call with a state and a batch of B > 1 broadcasts the token shift to
 (B, B, C) (``extract_key_value``: the shifted (B, C) against hidden (B, 1, C)), so a batch is
 stepped window by window. transformers 5.23 cannot build a 1-layer
@@ -41,6 +53,7 @@ from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.hf_mamba import hf_check, hf_forward, hf_model, hf_split
 from gatelens.families.official import OfficialFamily, Recorder
 from gatelens.families.recipe import Recipe
+from gatelens.families.rwkv4_scan import RwkvForward, token_shift, wkv_scan
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _HF = "transformers.models.rwkv.modeling_rwkv"
@@ -77,7 +90,7 @@ RWKV_RECIPE = Recipe(
     keep_words="RWKV-4 e^(−w)", forward=hf_forward)
 
 
-class HFRwkvFamily(StepEdits, OfficialFamily):
+class HFRwkvFamily(RwkvForward, StepEdits, OfficialFamily):
     """transformers' ``RwkvModel`` (``RwkvForCausalLM.rwkv``)."""
 
     name = "hf-rwkv"
@@ -192,6 +205,32 @@ class HFRwkvFamily(StepEdits, OfficialFamily):
         y = h + fr * ffn.value(fk)
         sig = {"r": r, "k": key, "v": value, "keep": keep, "wkv": wkv}
         return sig, [a, num_new, den_new, f], y
+
+    def scan_layer(self, k: int, m: nn.Module, u: Tensor
+                   ) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
+        """Layer k's hand cell over whole windows ``u`` (B, T, C) from the zero state, in
+        ``m``'s dtype: the token shifts and every projection at once (none reads the state),
+        then (num, den) along time (rwkv4_scan.wkv_scan). ``step_cell``'s equations;
+        (signals, parts, y), each (B, T, ·)."""
+        blk = m.blocks[k]
+        att, ffn = blk.attention, blk.feed_forward
+        h = blk.pre_ln(u) if k == 0 else u
+        a = blk.ln1(h)
+
+        def mix(cur, mu):
+            mu = mu.reshape(-1)
+            return cur * mu + token_shift(cur) * (1 - mu)
+
+        key, value = att.key(mix(a, att.time_mix_key)), att.value(mix(a, att.time_mix_value))
+        r = torch.sigmoid(att.receptance(mix(a, att.time_mix_receptance)))
+        keep = torch.exp(-torch.exp(att.time_decay)).expand_as(key)
+        wkv, num, den = wkv_scan(keep, torch.exp(att.time_first + key), key, value)
+        h = h + att.output(r * wkv)
+        f = blk.ln2(h)
+        fk = torch.square(torch.relu(ffn.key(mix(f, ffn.time_mix_key))))
+        y = h + torch.sigmoid(ffn.receptance(mix(f, ffn.time_mix_receptance))) * ffn.value(fk)
+        sig = {"r": r, "k": key, "v": value, "keep": keep, "wkv": wkv}
+        return sig, [a, num, den, f], y
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return torch.cat([parts[1], parts[2]], dim=-1)  # (R, 2 Ca): num, den

@@ -106,7 +106,7 @@ def own_or_anchored(fam: Family, call: Call, ref: Reference, method: str | None 
                     ) -> Readout:
     """The read-out of a reference: every signal as the module itself computed it where its
     family reads them from the module's own forward (``Family.read_own``: the Mamba layers,
-    Gated DeltaNet, KDA, RG-LRU, transformers' xLSTM, RWKV-7),
+    Gated DeltaNet, KDA, RG-LRU, transformers' xLSTM and RWKV-4, RWKV-7),
     else the anchored hand cell (``Family.read``); ``method`` "anchored" always the hand cell,
     "own" never (a family that cannot is refused in one line)."""
     ro = None if method == "anchored" else fam.read_own(call, ref)
@@ -132,7 +132,8 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t, so the trace is the module's trajectory even when the
     model is chaotic. Where a family reads every state and gate from the module's own
     whole-sequence forward (transformers' Mamba-1 and Mamba-2 and the hybrids' Mamba layers,
-    Gated DeltaNet, KDA, RG-LRU, xLSTM and RWKV-7: families/forward_scan.py, rwkv7_scan.py),
+    Gated DeltaNet, KDA, RG-LRU, xLSTM, RWKV-4 and RWKV-7: families/forward_scan.py,
+    rwkv4_scan.py, rwkv7_scan.py),
     the default is ``method="own"``: those values themselves, at about the cost of one
     forward, no hand cell run (``meta["method"]`` says which; "anchored" forces the hand
     cell). ``method="step"`` (the default for a PackedSequence) re-runs every
