@@ -113,3 +113,34 @@ def test_a_wrong_gate_in_the_last_layer_fails_at_depth(layers, wrong_last_layer)
     assert v.layers[-1].max_scaled_diff_h > 5e-4  # the last layer is the wrong one
     assert all(r.max_scaled_diff_h <= 1e-5 for r in v.layers[:-1])
     assert "float64_rejudge" in v.meta and "not rounding" in v.explain()
+
+
+def test_the_rejudgement_shares_the_familys_float64_copy() -> None:
+    """The float64 re-judgement runs on the family's own float64 copy (made once), which is
+    also the float64 family's copy: no new 1-GB copies per chunk at real size. The module
+    itself stays float32, and a module in training mode gets a copy of its own (its mode)."""
+    import copy
+
+    from gatelens.cells.numerics import faithful_matmul
+    from gatelens.families.base import Call
+    from gatelens.families.registry import open_family
+    from gatelens.readout.depth import _double, one_step_float64
+
+    m = _mamba(2)
+    fam = open_family(m)
+    fam64 = fam.family64()
+    assert fam64.module is fam.float64() and fam64.float64() is fam64.module
+    assert next(fam64.module.parameters()).dtype == torch.float64
+    assert next(m.parameters()).dtype == torch.float32
+    call = fam.check(torch.randint(0, 11, (2, 9)))
+    fresh = type(fam)(copy.deepcopy(m).double())  # what the re-judgement made each time
+    call64 = Call(_double(call.inputs), _double(call.state), dict(call.layout))
+    with torch.no_grad(), faithful_matmul(call.inputs.device):
+        ref64 = fresh.reference(call64)
+        rows = fresh.one_step(call64, ref64)
+    assert [r.max_scaled_diff_h for r in one_step_float64(fam, call)] == \
+        [r.max_scaled_diff_h for r in rows]  # the same figures, bit for bit
+    assert fam.family64().module is fam64.module  # the same copy the next time
+    m.train()
+    assert fam.family64().module is not fam.float64()
+    assert fam.family64().module.training

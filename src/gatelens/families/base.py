@@ -32,6 +32,7 @@ family is its own file and one line in ``gatelens.families.registry``.
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -297,6 +298,11 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         """The recurrence of each causal direction along the trajectory (float64)."""
+
+    def family64(self) -> Family:
+        """This family on a float64 copy of its module (the module itself is left as it is):
+        the float64 re-judgement's (readout/depth.py)."""
+        return type(self)(copy.deepcopy(self.module).double())
 
     # ---- interventions -----------------------------------------------------------------
     def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0

@@ -21,7 +21,6 @@ True
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -71,9 +70,9 @@ def trace_within_rounding(trace_h: float, trace_c: float | None, tol: float,
 
 def one_step_float64(fam: Family, call: Call) -> list[LayerDiff]:
     """The one-step rows of ``fam``'s read-out against the module's own float64 forward on
-    ``call`` (a float64 copy of the module; the module itself is left as it is)."""
-    module64 = copy.deepcopy(fam.module).double()
-    fam64 = type(fam)(module64)
+    ``call`` (a float64 copy of the module, ``Family.family64``; the module itself is left
+    as it is)."""
+    fam64 = fam.family64()
     call64 = Call(_double(call.inputs), _double(call.state), dict(call.layout))
     with torch.no_grad(), faithful_matmul(call.inputs.device):
         ref64 = fam64.reference(call64)
