@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -42,11 +43,12 @@ def _np(t):
     return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
 
 
-def _randomise(model, scale=0.6):
+def _randomise(model, scale=0.6, rng=None):
+    rng = RNG if rng is None else rng
     for layer in model.layers:
         ws = layer.get_weights()
         if ws:
-            layer.set_weights([RNG.uniform(-scale, scale, w.shape).astype(w.dtype) for w in ws])
+            layer.set_weights([rng.uniform(-scale, scale, w.shape).astype(w.dtype) for w in ws])
 
 
 def _off(got, want):
@@ -65,7 +67,7 @@ def _h(tr):
     return torch.cat([tr[n] for n in names], dim=-1).detach().numpy()  # (B, T, D·H)
 
 
-def _three(rec, act="tanh"):
+def _three(rec, act="tanh", rng=None):
     inp = keras.Input((T, F))
     out = [*L.LSTM(4, recurrent_activation=rec, activation=act, return_sequences=True,
                    return_state=True, name="lstm")(inp),
@@ -74,7 +76,10 @@ def _three(rec, act="tanh"):
            L.GRU(3, recurrent_activation=rec, activation=act, return_sequences=True,
                  reset_after=False, name="gru_before")(inp)]
     model = keras.Model(inp, out)
-    _randomise(model, 0.25 if rec == "exponential" else 0.6)  # e^z gates grow c fast
+    # e^z gates grow c fast; selu's are unbounded too, and at 0.6 a rare draw amplified
+    # float32 rounding past 1e-5 within 6 steps (2.97e-05: the two implementations' own
+    # rounding, not an error; 3.6e-07 at most over 12 draws at 0.4)
+    _randomise(model, {"exponential": 0.25, "selu": 0.4}.get(rec, 0.6), rng)
     return model
 
 
@@ -91,8 +96,10 @@ def test_activations_are_keras_own():
 @pytest.mark.parametrize("rec", KERAS_SET)
 def test_every_recurrent_activation_both_reset_after_h5_and_keras(tmp_path, rec):
     act = {"relu": "softsign", "elu": "relu"}.get(rec, "tanh")  # other activations too
-    model = _three(rec, act)
-    x = RNG.normal(size=(2, T, F)).astype(np.float32)
+    # each case its own draw, whatever ran before it in this worker (pytest-xdist's order)
+    rng = np.random.default_rng(zlib.crc32(rec.encode()))
+    model = _three(rec, act, rng)
+    x = rng.normal(size=(2, T, F)).astype(np.float32)
     y, h_n, c_n, g_after, g_before = (_np(t) for t in model(x))
     for ext in ("keras", "h5"):
         path = tmp_path / f"m.{ext}"
