@@ -32,12 +32,7 @@ import torch
 from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none, pooled
-from gatelens.analysis.perturbation import (
-    LAGS,
-    decompose,
-    ratio_rows,
-    report_lags,
-)
+from gatelens.analysis.perturbation import LAGS, decompose, ratio_rows, report_lags
 from gatelens.analysis.reach import OutputReach, kl_per_position
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul

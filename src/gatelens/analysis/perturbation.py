@@ -185,7 +185,7 @@ def _written(s: Tensor, a: Tensor) -> Tensor:
 
 
 def ratio_rows(delta: Tensor, position: int, keep: Tensor,
-                base: Tensor | None = None) -> Tensor:
+               base: Tensor | None = None) -> Tensor:
     """‖δ_{p+k}‖ / ‖base‖ for k = 0 … T−1−p of every kept window, float64 (n, T − p).
 
     ``base`` (B, S) defaults to δ_p; the two paths are measured against the measured δs_p.
