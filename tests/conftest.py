@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 from pathlib import Path
 
@@ -16,6 +17,22 @@ def make_text(n_lines: int = 400, seed: int = 1) -> str:
     """A learnable text: short lines of common words, spaces and newlines."""
     rng = random.Random(seed)
     return "\n".join(" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(n_lines))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's torch (and the gatelens, Ray and training
+    subprocesses it starts, through OMP_NUM_THREADS) takes its share of the CPUs, not all
+    of them: two workers of 2 OpenMP threads each on 2 cores spun against each other, and
+    the README's Lens example, 5 s alone, took 105–162 s in the suite. A user's own
+    OMP_NUM_THREADS is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not workers:
+        return
+    share = max(1, len(os.sched_getaffinity(0)) // int(workers))
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="module")
