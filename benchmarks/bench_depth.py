@@ -17,6 +17,7 @@ import warnings
 import torch
 
 import gatelens
+from timing import best_of
 
 VOCAB = 50_280  # mamba-130m's
 
@@ -39,12 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                         generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         model(ids[:1, :8])  # warm-up
-        times = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            model(ids)
-            times.append(time.perf_counter() - t0)
-    forward = min(times)
+        forward = best_of(2, lambda: model(ids))
     lens = gatelens.Lens(model, vocab=VOCAB)
     (path,) = list(lens.families)[:1]
     clock: dict[str, float] = {}

@@ -22,19 +22,11 @@ file).
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import torch
 
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
+from timing import best_cpu
 
 
 def models(d: int, V: int) -> dict:
@@ -91,14 +83,14 @@ def measure(model, ids, repeats: int) -> dict:
     from gatelens.readout.hooks import open_cells
 
     with torch.no_grad():
-        forward = _best(lambda: model(ids, use_cache=False), repeats)
+        forward = best_cpu(lambda: model(ids, use_cache=False), repeats)
 
         def traced():
             with open_cells(model) as cache:
                 model(ids, use_cache=False)
             return cache
 
-        whole = _best(traced, repeats)
+        whole = best_cpu(traced, repeats)
         methods = sorted({t[0].meta.get("method") for t in traced().traces.values()})
     lens = gatelens.Lens(model, vocab=int(model.config.vocab_size))
     worst, own, trace = 0.0, 0.0, 0.0
@@ -113,8 +105,8 @@ def measure(model, ids, repeats: int) -> dict:
         h.remove()
         call = fam.check(feats["x"])
         with torch.no_grad():
-            own += _best(lambda fam=fam, call=call: fam._forward(call), repeats)
-            trace += _best(lambda fam=fam, x=feats["x"]: gatelens.trace(fam.module, x), repeats)
+            own += best_cpu(lambda fam=fam, call=call: fam._forward(call), repeats)
+            trace += best_cpu(lambda fam=fam, x=feats["x"]: gatelens.trace(fam.module, x), repeats)
         ref = fam.reference(call)
         worst = max([worst] + [r.max_scaled_diff_h for r in fam.one_step(call, ref)])
     return {"forward": forward, "whole": whole, "n": len(lens.families), "worst": worst,

@@ -17,19 +17,11 @@ cache); the anchored read (float64, every step at once: what the one-step check 
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import torch
 
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
+from timing import best_cpu
 
 
 def main() -> None:
@@ -82,13 +74,13 @@ def main() -> None:
             model(ids, use_cache=False)
 
     with torch.no_grad():
-        forward = _best(lambda: model(ids, use_cache=False), args.repeats)
-        own = _best(lambda: fam._forward(call), args.repeats)
-        trace = _best(lambda: gatelens.trace(layer, captured["x"]), args.repeats)
-        whole = _best(traced, args.repeats)
-        decode = _best(lambda: fam._trajectory(call), args.repeats)
+        forward = best_cpu(lambda: model(ids, use_cache=False), args.repeats)
+        own = best_cpu(lambda: fam._forward(call), args.repeats)
+        trace = best_cpu(lambda: gatelens.trace(layer, captured["x"]), args.repeats)
+        whole = best_cpu(traced, args.repeats)
+        decode = best_cpu(lambda: fam._trajectory(call), args.repeats)
         ref = fam.reference(call)
-        read = _best(lambda: fam.read(call, ref), args.repeats)
+        read = best_cpu(lambda: fam.read(call, ref), args.repeats)
         (row,) = fam.one_step(call, ref)
     S = fam.shape[1] * fam.shape[2] * fam.shape[3]
     print(f"B={args.batch} T={args.length} threads={args.threads}; state {S:,} a token; "

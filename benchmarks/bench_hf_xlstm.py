@@ -17,19 +17,11 @@ error against the float32 module and against its own float64 run (``verify``'s r
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import torch
 
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
+from timing import best_cpu
 
 
 def main() -> None:
@@ -68,18 +60,18 @@ def main() -> None:
     ids = torch.randint(0, 64, (args.batch, args.length), generator=g)
     fam = HFXLSTMFamily(model.backbone.blocks[0])
     with torch.no_grad():
-        forward = _best(lambda: model(ids), args.repeats)
+        forward = best_cpu(lambda: model(ids), args.repeats)
 
         def traced():
             with open_cells(model) as cache:
                 model(ids)
             return cache
 
-        whole = _best(traced, args.repeats)
+        whole = best_cpu(traced, args.repeats)
         call = fam.check(model.backbone.embeddings(ids))
-        reference = _best(lambda: fam.reference(call), args.repeats)
+        reference = best_cpu(lambda: fam.reference(call), args.repeats)
         ref = fam.reference(call)
-        read = _best(lambda: fam.read(call, ref), args.repeats)
+        read = best_cpu(lambda: fam.read(call, ref), args.repeats)
         rows = [HFXLSTMFamily(blk) for blk in model.backbone.blocks]
         x, figures = call.inputs, []
         for f in rows:

@@ -30,6 +30,8 @@ import warnings
 import torch
 from torch import nn
 
+from timing import best_of
+
 
 class WordLSTM(nn.Module):
     """The PTB "large" word model's shape: Embedding(10k, 1500), 2 × 1,500 LSTM, Linear."""
@@ -72,16 +74,6 @@ def build(name: str, layers: int | None) -> tuple[nn.Module, int, str]:
 
 
 MODELS = ["mamba-130m", "mamba2-130m", "rwkv4-169m", "ptb-large-lstm"]
-
-
-def best_of(n: int, run) -> float:
-    """The shortest of ``n`` timed calls of ``run`` (a shared machine's load only adds)."""
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def child(name: str, layers: int | None, windows: int, length: int) -> None:

@@ -23,15 +23,7 @@ import warnings
 
 import torch
 
-
-def best_of(n: int, run) -> float:
-    """The shortest of ``n`` timed calls of ``run`` (a shared machine's load only adds)."""
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from timing import best_of
 
 
 def main(argv: list[str] | None = None) -> int:

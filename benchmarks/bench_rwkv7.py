@@ -22,20 +22,12 @@ import argparse
 import importlib
 import os
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t0)
-    return best
+from timing import best_cpu
 
 
 def checkpoint(C: int, N: int, layers: int, V: int, seed: int = 0) -> dict:
@@ -110,19 +102,19 @@ def main() -> None:
 
     ref = fam.reference(call)
     with torch.no_grad():
-        times = {"forward_seq (the package's forward)": _best(seq, args.repeats),
-                 "forward id by id (its one-token path)": _best(one, args.repeats),
+        times = {"forward_seq (the package's forward)": best_cpu(seq, args.repeats),
+                 "forward id by id (its one-token path)": best_cpu(one, args.repeats),
                  "reference: one whole-window pass per layer (now)":
-                     _best(lambda: fam.reference(call), args.repeats),
+                     best_cpu(lambda: fam.reference(call), args.repeats),
                  "reference: its one-token step per layer (before)":
-                     _best(lambda: fam._trajectory(call), args.repeats),
-                 "anchored read (float64)": _best(lambda: fam.read(call, ref), args.repeats),
+                     best_cpu(lambda: fam._trajectory(call), args.repeats),
+                 "anchored read (float64)": best_cpu(lambda: fam.read(call, ref), args.repeats),
                  "free-running re-run (float64, a pass per layer)":
-                     _best(lambda: fam.rerun(call), args.repeats),
+                     best_cpu(lambda: fam.rerun(call), args.repeats),
                  "trace in all (method own, the default)":
-                     _best(lambda: gatelens.trace(model, ids), args.repeats),
+                     best_cpu(lambda: gatelens.trace(model, ids), args.repeats),
                  "trace in all (method anchored)":
-                     _best(lambda: gatelens.trace(model, ids, method="anchored"), args.repeats)}
+                     best_cpu(lambda: gatelens.trace(model, ids, method="anchored"), args.repeats)}
     base = times["forward_seq (the package's forward)"]
     print(f"RWKV-7, 2 layers, n_embd {args.width}, heads of {args.head_size}, B {B}, T {T}, "
           f"{args.threads} thread(s)")

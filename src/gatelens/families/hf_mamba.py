@@ -291,12 +291,8 @@ class HFMambaFamily(MambaCell):
             gap = (max(gap[0], d[0]), max(gap[1], d[1]))
             parts.append([conv_buffer(x, self.d_conv), s])
             own.append(sig)
-        return {"x": [rec.stacked(f"block{k}") for k in range(L)],
-                "u": [rec.stacked(f"mixer{k}") for k in range(L)],
-                "y": [rec.stacked(f"mixer{k}", outputs=True) for k in range(L)],
-                "xo": [rec.stacked(f"block{k}", outputs=True) for k in range(L)],
-                "parts": parts, "aux": [None] * L, "output": output, "own": own,
-                "step_vs_forward": gap}
+        return {**rec.blocks(L), "parts": parts, "aux": [None] * L, "output": output,
+                "own": own, "step_vs_forward": gap}
 
     def _output_of(self, returned: Any) -> Tensor:
         return returned.last_hidden_state
@@ -321,12 +317,9 @@ class HFMambaFamily(MambaCell):
                     conv = cache.get_conv_state(k)[..., -(K - 1):]  # (B, Din, K − 1)
                     states[k].append(s.reshape(s.shape[0], 1, -1).clone())
                     convs[k].append(conv.transpose(1, 2).reshape(s.shape[0], 1, -1).clone())
-        x = [rec.stacked(f"block{k}") for k in range(L)]
-        xo = [rec.stacked(f"block{k}", outputs=True) for k in range(L)]
-        return {"x": x, "u": [rec.stacked(f"mixer{k}") for k in range(L)],
-                "y": [rec.stacked(f"mixer{k}", outputs=True) for k in range(L)], "xo": xo,
-                "parts": [[torch.cat(convs[k], 1), torch.cat(states[k], 1)] for k in range(L)],
-                "aux": [None] * L, "output": torch.cat(outs, dim=1)}
+        parts = [[torch.cat(convs[k], 1), torch.cat(states[k], 1)] for k in range(L)]
+        return {**rec.blocks(L), "parts": parts, "aux": [None] * L,
+                "output": torch.cat(outs, dim=1)}
 
     def pre(self, k, m, x):
         return m.layers[k].norm(x)

@@ -145,12 +145,8 @@ class HFMamba2Family(HFMambaFamily):
             gap = (max(gap[0], d[0]), max(gap[1], d[1]))
             parts.append([conv_buffer(xbc, self.d_conv), s])
             own.append(sig)
-        return {"x": [rec.stacked(f"block{k}") for k in range(L)],
-                "u": [rec.stacked(f"mixer{k}") for k in range(L)],
-                "y": [rec.stacked(f"mixer{k}", outputs=True) for k in range(L)],
-                "xo": [rec.stacked(f"block{k}", outputs=True) for k in range(L)],
-                "parts": parts, "aux": [None] * L, "output": output, "own": own,
-                "step_vs_forward": gap}
+        return {**rec.blocks(L), "parts": parts, "aux": [None] * L, "output": output,
+                "own": own, "step_vs_forward": gap}
 
 
 def mamba2_step(mix: nn.Module, zxbcdt: Tensor, parts: list[Tensor], edit=None,

@@ -68,6 +68,14 @@ class Recorder:
         seq = (self.outputs if outputs else self.inputs)[name]
         return seq[0] if len(seq) == 1 else torch.cat(seq, dim=1)
 
+    def blocks(self, layers: int) -> dict[str, list[Tensor]]:
+        """Each layer's block and mixer as recorded under ``block{k}`` and ``mixer{k}``: the
+        trajectory's "x" (block inputs), "u" (mixer inputs), "y" (mixer outputs) and "xo"
+        (block outputs), one (B, T, ·) tensor a layer."""
+        return {key: [self.stacked(f"{name}{k}", outputs) for k in range(layers)]
+                for key, name, outputs in (("x", "block", False), ("u", "mixer", False),
+                                           ("y", "mixer", True), ("xo", "block", True))}
+
 
 def conv_buffer(seq: Tensor, width: int) -> Tensor:
     """The last ``width`` − 1 rows of a causal convolution's input after each step, zeros
