@@ -27,6 +27,23 @@ def _quiet() -> None:
         pass
 
 
+def spread_decays(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """A transformers model's weights beyond its package's small initialisation (outputs
+    of order one), its A_log drawn so decays (Gated DeltaNet's α, KDA's, a Mamba-2 mixer's
+    a = exp(Δ·A)) lie around 0.6-0.98 and its dt_bias near −1: states and a perturbation of
+    them worth measuring. In eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
+            elif "norm" not in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
 def _ids_call(fam, dtype):
     def make(seed: int, perturb_at: int | None = None):
         g = torch.Generator().manual_seed(seed)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import warnings
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -29,6 +31,9 @@ from gatelens.errors import GatelensError
 from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily, delta_keep
 from gatelens.families.official import scaled_diff
 from gatelens.report.json_report import check_report, schema
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
+from official_models import spread_decays  # noqa: E402
 
 V, D, B, T, P = 11, 32, 2, 24, 6
 VOCAB = list("abcdefghij ")
@@ -45,28 +50,13 @@ def _single_thread(one_thread):
     warnings.filterwarnings("ignore", message=".*fall.*back.*")
 
 
-def _spread(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights beyond the package's 0.02 initialisation (outputs of order one) and decays
-    α of 0.6-0.98, so a perturbation lives long enough to be measured."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
-            elif "norm" not in name:
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
 def qwen3_next(types=TYPES) -> torch.nn.Module:
     cfg = transformers.Qwen3NextConfig(
         vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=len(types),
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=0,
         layer_types=list(types), **LINEAR)
     torch.manual_seed(0)
-    return _spread(transformers.Qwen3NextForCausalLM(cfg))
+    return spread_decays(transformers.Qwen3NextForCausalLM(cfg))
 
 
 def _x(seed: int = 1, length: int = T) -> torch.Tensor:
@@ -290,7 +280,7 @@ def test_the_stack_is_one_family_of_its_layers_and_passes_the_one_step_check():
     from gatelens.families.hf_gated_deltanet import GDN_RECIPE, GatedDeltaNetStack
 
     torch.manual_seed(0)
-    stack = _spread(GDN_RECIPE.build(D, D, 2, settings=GDN_RECIPE.settings))
+    stack = spread_decays(GDN_RECIPE.build(D, D, 2, settings=GDN_RECIPE.settings))
     assert isinstance(stack, GatedDeltaNetStack)
     model = torch.nn.Sequential(torch.nn.Embedding(V, D), stack, torch.nn.Linear(D, V))
     lens = gatelens.Lens(model, vocab=VOCAB)
@@ -355,7 +345,7 @@ def _olmo_hybrid():
 def test_qwen3_5_and_olmo_hybrid_layers_pass_the_one_step_check(build, cell):
     # Qwen3.5-MoE's layer is Qwen3.5's; the MoE blocks around it are left alone
     torch.manual_seed(0)
-    model = _spread(build())
+    model = spread_decays(build())
     lens = gatelens.Lens(model, vocab=VOCAB)
     ((path, fam),) = lens.families.items()
     assert path == "model.layers.0.linear_attn" and fam.cell == cell

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import warnings
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -30,6 +32,9 @@ from gatelens.families.hf_kda import HFKDAFamily, kda_keep
 from gatelens.families.official import scaled_diff
 from gatelens.report.json_report import check_report, schema
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
+from official_models import spread_decays  # noqa: E402
+
 V, D, B, T, P = 11, 32, 2, 24, 6
 H, DH, K = 2, 8, 3  # KDA heads, head size (keys and values), conv taps
 VOCAB = list("abcdefghij ")
@@ -44,22 +49,6 @@ def _single_thread(one_thread):
     warnings.filterwarnings("ignore", message=".*fall.*back.*")
 
 
-def _spread(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights beyond the package's 0.02 initialisation (outputs of order one) and decays
-    α of about 0.6-0.98, different in every key channel, so a perturbation lives long
-    enough to be measured."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
-            elif "norm" not in name:
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
 def kimi(types=TYPES) -> torch.nn.Module:
     cfg = transformers.KimiLinearConfig(
         vocab_size=V, hidden_size=D, intermediate_size=2 * D, moe_intermediate_size=16,
@@ -69,7 +58,7 @@ def kimi(types=TYPES) -> torch.nn.Module:
         linear_conv_kernel_dim=K, layer_types=list(types),
         mlp_layer_types=["dense"] + ["sparse"] * (len(types) - 1), pad_token_id=0)
     torch.manual_seed(0)
-    return _spread(transformers.KimiLinearForCausalLM(cfg))
+    return spread_decays(transformers.KimiLinearForCausalLM(cfg))
 
 
 def _x(seed: int = 1, length: int = T) -> torch.Tensor:

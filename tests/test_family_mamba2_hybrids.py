@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import warnings
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -29,6 +31,9 @@ from gatelens.families.hf_mamba2_mixers import HFMamba2MixerFamily
 from gatelens.families.official import scaled_diff
 from gatelens.readout.hooks import open_cells
 from gatelens.report.json_report import check_report, schema
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
+from official_models import spread_decays  # noqa: E402
 
 V, D, B, T, P = 11, 16, 2, 12, 4  # T: three of the chunked path's 4-token chunks
 VOCAB = list("abcdefghij ")
@@ -95,24 +100,9 @@ MODELS = {
 }
 
 
-def _spread(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights beyond the packages' small initialisation and keeps a = exp(Δ·A) of about
-    0.8-0.98, so a state and a perturbation of it are worth measuring."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
-            elif "norm" not in name:
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
 def build(kind: str, **kw) -> torch.nn.Module:
     torch.manual_seed(0)
-    return _spread(MODELS[kind][0](**kw))
+    return spread_decays(MODELS[kind][0](**kw))
 
 
 def _ids(seed: int = 1, length: int = T) -> torch.Tensor:
@@ -348,7 +338,7 @@ def _bamba_mixer_on_top() -> torch.nn.Module:
     """An attention layer, then one Mamba-2 layer (transformers 5.23's Bamba cannot decode
     with a cache that holds no attention layer)."""
     torch.manual_seed(0)
-    return _spread(transformers.BambaForCausalLM(transformers.BambaConfig(
+    return spread_decays(transformers.BambaForCausalLM(transformers.BambaConfig(
         vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
         attn_layer_indices=[0], **ATTN, **MAMBA)))
 

@@ -25,6 +25,7 @@ from gatelens.families.hf_kda import HFKDAFamily
 from gatelens.families.official import scaled_diff
 
 sys.path.insert(0, str(Path(__file__).parent))  # the xLSTM tests' models (importlib mode)
+from official_models import spread_decays  # noqa: E402
 from test_family_hf_xlstm import _block as xlstm_block  # noqa: E402
 from test_family_hf_xlstm import _x as _xl  # noqa: E402
 from test_family_hf_xlstm import xlstm  # noqa: E402
@@ -41,20 +42,6 @@ def _quiet(one_thread):
     warnings.filterwarnings("ignore", message=".*fall.*back.*")
 
 
-def _spread(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights beyond the 0.02 initialisation and decays of 0.6-0.98 (states of order one)."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.05, 0.5, generator=g).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(-1.0 + 0.5 * torch.randn(p.shape, generator=g))
-            elif "norm" not in name:
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
 def _layer(kind: str) -> torch.nn.Module:
     """The first recurrent layer of a small random hybrid of that kind."""
     torch.manual_seed(0)
@@ -65,19 +52,21 @@ def _layer(kind: str) -> torch.nn.Module:
             kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
             linear_num_heads=2, linear_head_dim=8, linear_conv_kernel_dim=3,
             mlp_layer_types=["dense", "dense"], pad_token_id=0)
-        return _kept(_spread(transformers.KimiLinearForCausalLM(cfg)), "model.layers.0.self_attn")
+        return _kept(spread_decays(transformers.KimiLinearForCausalLM(cfg)),
+                     "model.layers.0.self_attn")
     if kind == "olmo_hybrid":
         cfg = transformers.OlmoHybridConfig(**common, **LINEAR, intermediate_size=2 * D,
                                             num_attention_heads=2, num_key_value_heads=1,
                                             pad_token_id=0)
-        return _kept(_spread(transformers.OlmoHybridForCausalLM(cfg)), "model.layers.0.linear_attn")
+        return _kept(spread_decays(transformers.OlmoHybridForCausalLM(cfg)),
+                     "model.layers.0.linear_attn")
     config, model = {"qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
                      "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")}[kind]
     extra = {"num_experts": 0} if kind == "qwen3_next" else {}
     cfg = getattr(transformers, config)(**common, **LINEAR, **extra, intermediate_size=2 * D,
                                         num_attention_heads=2, num_key_value_heads=1,
                                         head_dim=16)
-    return _kept(_spread(getattr(transformers, model)(cfg)), "model.layers.0.linear_attn")
+    return _kept(spread_decays(getattr(transformers, model)(cfg)), "model.layers.0.linear_attn")
 
 
 #: each layer the builders return -> the whole model it sits in
@@ -219,7 +208,7 @@ def test_the_free_running_rerun_by_layer_is_the_step_by_step_one():
     from gatelens.families.hf_gated_deltanet import GDN_RECIPE
 
     torch.manual_seed(0)
-    stack = _spread(GDN_RECIPE.build(D, D, 2, settings=GDN_RECIPE.settings))
+    stack = spread_decays(GDN_RECIPE.build(D, D, 2, settings=GDN_RECIPE.settings))
     for fam in (HFGatedDeltaNetFamily(stack), _family(_layer("kda"))):
         call = fam.check(_x(12))
         with torch.no_grad():
