@@ -21,8 +21,11 @@ from gatelens.families.hf_mamba2_mixers import HFMamba2MixerFamily
 from gatelens.families.official import scaled_diff
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
-from official_models import mambapy_stack  # noqa: E402
-from test_family_mamba2_hybrids import MODELS, _falcon_h1, _spread  # noqa: E402
+from official_models import (
+    mambapy_stack,  # noqa: E402
+    spread_decays,  # noqa: E402
+)
+from test_family_mamba2_hybrids import MODELS, _falcon_h1  # noqa: E402
 
 D, B, T = 16, 2, 12
 
@@ -39,7 +42,7 @@ def _x(length: int = T, seed: int = 1) -> torch.Tensor:
 
 def _mixer(kind: str, **settings) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = _spread(_falcon_h1(**settings) if kind == "falcon_h1" else MODELS[kind][0]())
+    model = spread_decays(_falcon_h1(**settings) if kind == "falcon_h1" else MODELS[kind][0]())
     path = MODELS[kind][1][0]
     return model.get_submodule(path)
 
@@ -72,7 +75,7 @@ def test_mamba2_mixer_states_from_the_forward_follow_the_decode_step(kind, setti
 
 def _jamba_mixer() -> torch.nn.Module:
     torch.manual_seed(0)
-    return _spread(transformers.JambaForCausalLM(transformers.JambaConfig(
+    return spread_decays(transformers.JambaForCausalLM(transformers.JambaConfig(
         vocab_size=11, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, num_experts=1, attn_layer_period=2,
         attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=3,
@@ -81,7 +84,7 @@ def _jamba_mixer() -> torch.nn.Module:
 
 def test_jamba_and_falcon_mamba_states_are_their_sequential_scans():
     torch.manual_seed(0)
-    falcon = _spread(transformers.FalconMambaModel(transformers.FalconMambaConfig(
+    falcon = spread_decays(transformers.FalconMambaModel(transformers.FalconMambaConfig(
         vocab_size=11, hidden_size=D, state_size=4, num_hidden_layers=2, expand=2,
         conv_kernel=3, time_step_rank=2)))
     for fam in (HFJambaFamily(_jamba_mixer()), HFFalconMambaFamily(falcon)):
@@ -192,7 +195,7 @@ def test_open_cells_reads_the_users_own_forward():
     ids = [torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(s))
            for s in (5, 6)]
     torch.manual_seed(0)
-    bamba = _spread(MODELS["bamba"][0]())
+    bamba = spread_decays(MODELS["bamba"][0]())
     _users_forward_is_read(bamba, "model.layers.0.mamba",
                            [lambda i=i: bamba(i, use_cache=False) for i in ids])
     jamba = _jamba_mixer()
@@ -201,7 +204,7 @@ def test_open_cells_reads_the_users_own_forward():
     _users_forward_is_read(fam.module, "", [lambda s=s: fam.module(make(s).inputs)
                                             for s in (5, 6)])
     torch.manual_seed(0)
-    falcon = _spread(transformers.FalconMambaForCausalLM(transformers.FalconMambaConfig(
+    falcon = spread_decays(transformers.FalconMambaForCausalLM(transformers.FalconMambaConfig(
         vocab_size=11, hidden_size=D, state_size=4, num_hidden_layers=2, expand=2,
         conv_kernel=3, time_step_rank=2)))
     _users_forward_is_read(falcon, "backbone",
