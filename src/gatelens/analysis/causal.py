@@ -31,9 +31,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gatelens.analysis.common import finite_or_none, pooled
-from gatelens.analysis.perturbation import LAGS, decompose, ratio_rows, report_lags
+from gatelens.analysis.common import finite_or_none
+from gatelens.analysis.perturbation import LAGS, report_lags
 from gatelens.analysis.reach import OutputReach, kl_per_position
+from gatelens.analysis.split import Split, as_split
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
@@ -122,33 +123,44 @@ def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
 
 
 def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,
-             split: dict[str, Tensor] | None = None) -> dict:
+             split: Split | dict[str, Tensor] | None = None) -> dict:
     """One chunk's rows of the cut: per layer and pooled (None), each kept window's ratio
     curves (n, T − p): "measured" (the cut run), "forget_path" and "uncut" (the uncut
     perturbed run's split); and the largest |δs_cut − forget path| with the largest ‖δs_p‖
-    it is measured against. ``split``: ``decompose(clean, uncut, p)`` where the caller has
-    it already. The split is computed once on the whole stack and each layer's rows are
-    its slice of the state axis: every keep (element-wise, or a keep operator) acts within
-    its layer, so a layer's slice is exactly that layer's own split."""
-    split = decompose(clean, uncut, p) if split is None else split
-    s = pooled(clean, clean.state_name).double()  # (B, T, S)
-    moved = {"measured": pooled(cut, clean.state_name).double() - s,  # the cut run's δs
-             "uncut": split["measured"], "forget_path": split["forget_path"]}
-    widths = [clean[f"{layer_name(k)}.{clean.state_name}"].shape[-1]
-              for k in range(clean.num_layers)]
-    ends = np.cumsum([0, *widths]).tolist()
+    it is measured against. ``split``: the uncut run's split where the caller has it
+    already (a ``Split``, or ``decompose``'s dict). Every keep (element-wise, or a keep
+    operator) acts within its layer, so the split is read one layer at a time, and the
+    pooled rows come from the layers' sums of squares."""
+    split = as_split(split, clean, uncut, p)
     out: dict[str, Any] = {"curves": {}}
-    for k in [*range(clean.num_layers), None]:
-        at = slice(None) if k is None else slice(ends[k], ends[k + 1])
-        d = {n: v[..., at] for n, v in moved.items()}
-        kept = {n: d[n][:, p].norm(dim=-1) > 0 for n in ("measured", "uncut")}
-        out["curves"][k] = {
-            "measured": ratio_rows(d["measured"], p, kept["measured"]),
-            "forget_path": ratio_rows(d["forget_path"], p, kept["uncut"], d["uncut"][:, p]),
-            "uncut": ratio_rows(d["uncut"], p, kept["uncut"])}
-    out["residual"] = float((moved["measured"] - moved["forget_path"])[:, p:].abs().max())
-    out["scale"] = float(moved["forget_path"][:, p].norm(dim=-1).max())
+    sq: dict[str, Tensor] = {}  # the pooled ‖·‖² at each lag, (B, T − p)
+    residual = 0.0
+    for k in range(clean.num_layers):
+        name = f"{layer_name(k)}.{clean.state_name}"
+        part = split.layer(k)
+        d = {"measured": cut[name].double() - clean[name].double(),  # the cut run's δs
+             "uncut": part["measured"], "forget_path": part["forget_path"]}
+        residual = max(residual, float((d["measured"] - d["forget_path"])[:, p:].abs().max()))
+        norms = {}
+        for key, v in d.items():
+            add = v[:, p:].square().sum(dim=-1)
+            sq[key] = add if key not in sq else sq[key] + add
+            norms[key] = add.sqrt()
+        out["curves"][k] = _curves(norms)
+    out["curves"][None] = _curves({key: v.sqrt() for key, v in sq.items()})
+    out["residual"] = residual
+    out["scale"] = float(sq["forget_path"][:, 0].sqrt().max())
     return out
+
+
+def _curves(norms: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The cut's ratio curves of kept windows from the norms (B, T − p) at each lag."""
+    kept = {n: norms[n][:, 0] > 0 for n in ("measured", "uncut")}
+    base = norms["uncut"][:, 0]  # the forget path is measured against the uncut δs_p
+    return {"measured": norms["measured"][kept["measured"]]
+            / norms["measured"][kept["measured"], :1],
+            "forget_path": norms["forget_path"][kept["uncut"]] / base[kept["uncut"], None],
+            "uncut": norms["uncut"][kept["uncut"]] / base[kept["uncut"], None]}
 
 
 @dataclass

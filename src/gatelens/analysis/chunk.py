@@ -10,9 +10,9 @@ from typing import ClassVar, Protocol
 
 from torch import Tensor
 
-from gatelens.analysis.perturbation import decompose
 from gatelens.analysis.result import Captured, Runner
 from gatelens.analysis.settings import AnalysisSettings
+from gatelens.analysis.split import Split
 from gatelens.families.base import Call, Dynamics, Family, Reference
 from gatelens.readout.trace_types import Trace
 
@@ -73,10 +73,11 @@ class Chunk:
         return self.setup.fam.dynamics(self.call, self.reference)
 
     @cached_property
-    def decomposition(self) -> dict[str, Tensor] | None:
-        """The perturbation's split into forget and return paths (``decompose``), float64
-        (b, T, S) each: the perturbation's curves and the return path cut both read it."""
-        return decompose(self.trace, self.trace_perturbed, self.setup.settings.perturb_pos)
+    def decomposition(self) -> Split | None:
+        """The perturbation's split into forget and return paths, read one layer at a time
+        (analysis/split.py): the perturbation's curves and the return path cut both read it.
+        None for a cell with no keep gate."""
+        return Split.of(self.trace, self.trace_perturbed, self.setup.settings.perturb_pos)
 
     @property
     def memory(self) -> int:

@@ -58,6 +58,9 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.readout.merge import merge_results
 from gatelens.readout.verify import VerifyResult, verify_call
 
+#: bytes of the first chunk's split the analysis keeps for the page (its windows that fit)
+SPLIT_KEPT = 256 * 2**20
+
 
 class Accumulator:
     """What the measurements share: built from the setup unless ``build`` says it does
@@ -236,8 +239,10 @@ class Perturbation(Accumulator):
         p = self.setup.settings.perturb_pos
         dec = chunk.decomposition
         self.rows.append(decay_rows(chunk.trace, chunk.trace_perturbed, p, dec))
-        if not self.rows[1:]:
-            self.first = dec  # the page shows the first chunk's split
+        if not self.rows[1:] and dec is not None:
+            # the page shows the first chunk's split: of the windows that fit SPLIT_KEPT
+            n = min(dec.windows, SPLIT_KEPT * dec.windows // max(dec.nbytes(), 1))
+            self.first = dec.whole(n) if n else None
 
     def result(self, found: dict) -> dict:
         p, T = self.setup.settings.perturb_pos, self.setup.length

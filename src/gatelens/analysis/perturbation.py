@@ -31,7 +31,6 @@ layer's keep gate. Windows whose δs_p is exactly zero are left out (``n`` count
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +38,7 @@ import torch
 from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none, pooled
+from gatelens.analysis.split import Split, as_split, decompose, keep_at  # noqa: F401
 from gatelens.analysis.units import half_life
 from gatelens.families.spec import layer_name
 from gatelens.readout.trace_types import Trace
@@ -92,98 +92,6 @@ def report_lags(position: int, length: int, lags: tuple[int, ...] = LAGS) -> lis
     return [k for k in lags if position + k < length]
 
 
-def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor] | None:
-    """Exact split of δs into forget path and return path, float64, (B, T, S) each.
-
-    ``measured`` = forget_path + return_path up to float rounding of the traced values;
-    all three are zero before p; at p the forget path is δs_p and the return path zero.
-    None for a plain RNN, which has no keep gate.
-    """
-    keep = trace.keep_gate
-    if keep is None:
-        return None
-    if trace.spec.keep_operator is not None:
-        return _operator_split(trace, perturbed, position)
-    s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
-    f, f2 = (keep_on_state(t, keep).double() for t in (trace, perturbed))  # (B, T, S)
-    if trace.spec.candidate is None and not {"i", "g"} <= set(trace.spec.signals):
-        # an official family's write (Mamba's Δ B u, mLSTM's i v kᵀ, RWKV's e^k (v, 1)):
-        # e_t = s_t − a_t ⊙ s_{t−1} from its own states, from the zero state it starts in
-        entry, entry2 = (_written(x, a) for x, a in ((s, f), (s2, f2)))
-    elif trace.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
-        i, g = (pooled(trace, k).double() for k in "ig")
-        i2, g2 = (pooled(perturbed, k).double() for k in "ig")
-        entry = i * g  # (B, T, S): what the unperturbed cell writes
-        entry2 = i2 * g2
-    else:  # a convex mix s' = keep ⊙ s + (1 − keep) ⊙ ĉ (GRU: z, n; cellspec.candidate)
-        cand = trace.spec.candidate
-        entry = (1 - f) * pooled(trace, cand).double()
-        entry2 = (1 - f2) * pooled(perturbed, cand).double()
-    measured = s2 - s  # (B, T, S)
-    measured[:, :position] = 0.0
-    forget = torch.zeros_like(measured)
-    ret = torch.zeros_like(measured)
-    forget[:, position] = measured[:, position]
-    for t in range(position + 1, s.shape[1]):
-        u = (f2[:, t] - f[:, t]) * s2[:, t - 1] + entry2[:, t] - entry[:, t]  # (B, S)
-        forget[:, t] = f[:, t] * forget[:, t - 1]
-        ret[:, t] = f[:, t] * ret[:, t - 1] + u
-    return {"measured": measured, "forget_path": forget, "return_path": ret}
-
-
-def keep_at(trace: Trace, t: int) -> Callable[[Tensor], Tensor]:
-    """The clean run's keep operator of step t on a pooled state s (B, S), layer by layer:
-    s -> A_t(s) by the cell's ``keep_operator`` (the delta rule's α S (I − β k kᵀ))."""
-    op = trace.spec.keep_operator
-    sigs = [{n: v[:, t].double() for n, v in trace.layer(k).items()}
-            for k in range(trace.num_layers)]
-    widths = [sig[trace.state_name].shape[-1] for sig in sigs]
-
-    def apply(s: Tensor) -> Tensor:
-        parts = torch.split(s, widths, dim=-1)
-        return torch.cat([op(sig, x) for sig, x in zip(sigs, parts, strict=True)], dim=-1)
-    return apply
-
-
-def _operator_split(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor]:
-    """``decompose`` for a keep operator (METHODS "The 2026 families"): the forget path
-    δS_{p+k} = A_{p+k} ∘ … ∘ A_{p+1}(δS_p) with the clean run's operators, a matrix product
-    per head; the return path carries the rest, r_t = A_t(r_{t−1}) + u_t, where u_t =
-    (A'_t − A_t)(s'_{t−1}) + e'_t − e_t (the perturbed run's own operator and write, e_t =
-    s_t − A_t(s_{t−1})) reduces to δs_t − A_t(δs_{t−1})."""
-    s, s2 = (pooled(t, trace.state_name).double() for t in (trace, perturbed))  # (B, T, S)
-    measured = s2 - s
-    measured[:, :position] = 0.0
-    forget = torch.zeros_like(measured)
-    ret = torch.zeros_like(measured)
-    forget[:, position] = measured[:, position]
-    for t in range(position + 1, s.shape[1]):
-        A = keep_at(trace, t)
-        forget[:, t] = A(forget[:, t - 1])
-        ret[:, t] = A(ret[:, t - 1]) + measured[:, t] - A(measured[:, t - 1])
-    return {"measured": measured, "forget_path": forget, "return_path": ret}
-
-
-def keep_on_state(trace: Trace, keep: str) -> Tensor:
-    """The keep factor of each coordinate of the pooled state s, (B, T, S): the keep gate
-    itself where s has one coordinate a unit, else gathered by the family's
-    ``state_units`` (``Trace.meta``: a head's f on its whole matrix memory, RWKV's e^{−w}
-    on num and den)."""
-    f = pooled(trace, keep)  # (B, T, L·H)
-    units = trace.meta.get("state_units")
-    if units is None:
-        return f
-    widths = [trace[f"{layer_name(k)}.{keep}"].shape[-1] for k in range(trace.num_layers)]
-    offsets = [sum(widths[:k]) for k in range(len(widths))]  # a mixed stack's differ
-    return f[..., torch.cat([u.to(f.device) + offsets[k] for k, u in enumerate(units)])]
-
-
-def _written(s: Tensor, a: Tensor) -> Tensor:
-    """What a cell wrote at each step, e_t = s_t − a_t ⊙ s_{t−1} (s_{−1} = 0), (B, T, S)."""
-    prev = torch.cat([torch.zeros_like(s[:, :1]), s[:, :-1]], dim=1)  # (B, T, S)
-    return s - a * prev
-
-
 def ratio_rows(delta: Tensor, position: int, keep: Tensor,
                base: Tensor | None = None) -> Tensor:
     """‖δ_{p+k}‖ / ‖base‖ for k = 0 … T−1−p of every kept window, float64 (n, T − p).
@@ -196,34 +104,47 @@ def ratio_rows(delta: Tensor, position: int, keep: Tensor,
 
 
 def decay_rows(trace: Trace, perturbed: Trace, position: int,
-               decomposition: dict[str, Tensor] | None = None) -> dict:
+               decomposition: Split | dict[str, Tensor] | None = None) -> dict:
     """The per-window part of the decay: each kept window's ratio curves ("measured",
     "measured_h", and with a keep gate "forget_path", "return_path"), (n, T − p) each, the
     largest |measured − forget path − return path| and the state letter. Windows whose δs_p
     is exactly zero are left out. Rows of several chunks concatenate (``decay_from_rows``).
+    ``decomposition``: the split already made (a ``Split``, or ``decompose``'s dict); it is
+    read one layer at a time, each pooled norm the root of the layers' sums of squares.
     """
-    s, s2 = (pooled(t, trace.state_name) for t in (trace, perturbed))  # (B, T, S)
-    if s.shape != s2.shape:
-        raise ValueError(f"traces differ in shape: {tuple(s.shape)} vs {tuple(s2.shape)}")
-    if not 0 <= position < s.shape[1] - 1:
-        raise ValueError(f"perturbation position {position} leaves no lag in windows of "
-                         f"{s.shape[1]}")
-    delta = s2.double() - s.double()  # (B, T, S)
-    keep = delta[:, position].norm(dim=-1) > 0  # (B,)
+    name = trace.state_name
+    for k in range(trace.num_layers):
+        a, b = (t[f"{layer_name(k)}.{name}"] for t in (trace, perturbed))
+        if a.shape != b.shape:
+            raise ValueError(f"traces differ in shape: {tuple(a.shape)} vs {tuple(b.shape)}")
+    T = trace[f"layer0.{name}"].shape[1]
+    if not 0 <= position < T - 1:
+        raise ValueError(f"perturbation position {position} leaves no lag in windows of {T}")
+    split = as_split(decomposition, trace, perturbed, position)
+    sq: dict[str, Tensor] = {}  # name -> (B, T − p): Σ over layers of ‖·‖² at each lag
+    residual = None
+    for k in range(trace.num_layers):
+        if split is None:
+            n = f"{layer_name(k)}.{name}"
+            part = {"measured": perturbed[n].double() - trace[n].double()}
+        else:
+            part = split.layer(k)
+            gap = (part["measured"] - (part["forget_path"] + part["return_path"])).abs().max()
+            residual = max(float(gap), residual or 0.0)
+        for key, v in part.items():
+            add = v[:, position:].square().sum(dim=-1)
+            sq[key] = add if key not in sq else sq[key] + add
+    norms = {key: v.sqrt() for key, v in sq.items()}
+    base = norms["measured"][:, 0]  # (B,): ‖δs_p‖ is the unit of every curve
+    keep = base > 0
     # the layer's output: h, or y where the cell's output is not its state (Mamba, RWKV)
     h, h2 = (pooled(t, trace.spec.output) for t in (trace, perturbed))  # (B, T, H_out)
-    rows = {"measured": ratio_rows(delta, position, keep),
+    rows = {"measured": norms["measured"][keep] / base[keep, None],
             "measured_h": ratio_rows(h2.double() - h.double(), position, keep)}
-    out = {"rows": rows, "residual": None, "state": trace.state_name}
-    if decomposition is None:
-        decomposition = decompose(trace, perturbed, position)
-    if decomposition is not None:
-        base = delta[:, position]  # (B, S): ‖δs_p‖ is the unit of every curve
-        for name in ("forget_path", "return_path"):
-            rows[name] = ratio_rows(decomposition[name], position, keep, base)
-        total = decomposition["forget_path"] + decomposition["return_path"]
-        out["residual"] = float((decomposition["measured"] - total).abs().max())
-    return out
+    for key in ("forget_path", "return_path"):
+        if key in norms:
+            rows[key] = norms[key][keep] / base[keep, None]
+    return {"rows": rows, "residual": residual, "state": name}
 
 
 def decay_from_rows(parts: list[dict], position: int, length: int,

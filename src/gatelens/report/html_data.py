@@ -144,6 +144,8 @@ def _perturbation(analysis: Analysis, rows: list[int]) -> dict[str, Any]:
     """
     p = int(analysis.perturb_pos)
     dec = analysis.decomposition
+    if dec is not None and dec["measured"].shape[0] < len(rows):
+        dec = None  # the analysis kept the split of fewer windows (SPLIT_KEPT): δs alone
     if dec is not None:
         paths = {k: _np(dec[k]) for k in ("measured", "forget_path", "return_path")}  # (B,T,S)
     else:

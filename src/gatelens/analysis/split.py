@@ -1,0 +1,185 @@
+"""The perturbation's exact split into forget path and return path, layer by layer.
+
+docs/methods.md "Forget path and return path". With s the carried state, δs_t = s'_t − s_t
+the perturbed run's difference and f_t the clean run's keep factor (or keep operator A_t):
+
+    forget path  φ_t = f_t ⊙ φ_{t−1},        φ_p = δs_p
+    return path  r_t = f_t ⊙ r_{t−1} + u_t,  r_p = 0,   φ_t + r_t = δs_t
+
+with u_t what re-enters through the input side (the perturbed run's keep and write against
+the clean run's). Every keep acts within its own layer, so the whole stack's split is its
+layers' splits side by side on the state axis. ``Split`` computes one layer's on demand and
+nothing else: the figures that pool the layers (a norm over the whole state) are sums of
+the layers' squares, so no more than one layer's float64 (B, T, S_k) arrays exist at once
+(at 24 layers of mamba-130m's shape the whole stack's split of one window was 1.8 GB,
+with 3.6 GB more while it was formed).
+
+>>> import torch
+>>> from gatelens.readout.trace_types import Trace
+>>> f = torch.full((1, 4, 2), 0.5); i = torch.ones(1, 4, 2); o = torch.ones(1, 4, 2)
+>>> g = torch.zeros(1, 4, 2); g2 = g.clone(); g2[:, 1] = 1.0; g2[:, 2] = 1.0
+>>> def run(g):
+...     c, prev = torch.zeros(1, 4, 2), torch.zeros(1, 2)
+...     for t in range(4):
+...         prev = f[:, t] * prev + i[:, t] * g[:, t]; c[:, t] = prev
+...     return Trace("lstm", 1, False, {f"layer0.{k}": v for k, v in
+...                                     dict(i=i, f=f, g=g, o=o, c=c, h=c.tanh()).items()})
+>>> part = Split.of(run(g), run(g2), position=1).layer(0)
+>>> part["forget_path"][0, :, 0].tolist(), part["return_path"][0, :, 0].tolist()
+([0.0, 1.0, 0.5, 0.25], [0.0, 0.0, 1.0, 0.5])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from gatelens.cells.names import layer_name
+from gatelens.readout.trace_types import Trace
+
+__all__ = ["Split", "as_split", "decompose", "keep_at"]
+
+PATHS = ("measured", "forget_path", "return_path")
+
+
+class Split:
+    """The split of one perturbed run against its clean run, one layer at a time."""
+
+    def __init__(self, trace: Trace, perturbed: Trace, position: int) -> None:
+        self.trace, self.perturbed, self.position = trace, perturbed, position
+        self.widths = [trace[f"{layer_name(k)}.{trace.state_name}"].shape[-1]
+                       for k in range(trace.num_layers)]
+
+    @classmethod
+    def of(cls, trace: Trace, perturbed: Trace, position: int) -> Split | None:
+        """The split, or None for a cell with no keep gate (a plain RNN)."""
+        return None if trace.keep_gate is None else cls(trace, perturbed, position)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.widths)
+
+    @property
+    def windows(self) -> int:
+        return int(self.trace[f"layer0.{self.trace.state_name}"].shape[0])
+
+    def layer(self, k: int) -> dict[str, Tensor]:
+        """Layer k's "measured", "forget_path" and "return_path", float64 (B, T, S_k)."""
+        tr, pt, p = self.trace, self.perturbed, self.position
+        name = f"{layer_name(k)}.{tr.state_name}"
+        s, s2 = tr[name].double(), pt[name].double()
+        measured = s2 - s
+        measured[:, :p] = 0.0
+        forget, ret = torch.zeros_like(measured), torch.zeros_like(measured)
+        forget[:, p] = measured[:, p]
+        if tr.spec.keep_operator is not None:  # the delta rule: A_t acts on a head's matrix
+            for t in range(p + 1, s.shape[1]):
+                A = _operator(tr, k, t)
+                forget[:, t] = A(forget[:, t - 1])
+                ret[:, t] = A(ret[:, t - 1]) + measured[:, t] - A(measured[:, t - 1])
+            return {"measured": measured, "forget_path": forget, "return_path": ret}
+        f, f2 = (_keep_of(t, k).double() for t in (tr, pt))  # (B, T, S_k)
+        entry, entry2 = _entries(tr, pt, k, s, s2, f, f2)
+        for t in range(p + 1, s.shape[1]):
+            u = (f2[:, t] - f[:, t]) * s2[:, t - 1] + entry2[:, t] - entry[:, t]  # (B, S_k)
+            forget[:, t] = f[:, t] * forget[:, t - 1]
+            ret[:, t] = f[:, t] * ret[:, t - 1] + u
+        return {"measured": measured, "forget_path": forget, "return_path": ret}
+
+    def whole(self, windows: int | None = None) -> dict[str, Tensor]:
+        """Every layer side by side, (n, T, S) float64 each, for the first ``windows``."""
+        parts = [{n: v[:windows] for n, v in self.layer(k).items()}
+                 for k in range(self.num_layers)]
+        return {n: torch.cat([part[n] for part in parts], dim=-1) for n in PATHS}
+
+    def nbytes(self) -> int:
+        """The bytes of ``whole()`` for every window."""
+        T = int(self.trace[f"layer0.{self.trace.state_name}"].shape[1])
+        return len(PATHS) * self.windows * T * sum(self.widths) * 8
+
+
+class _Sliced(Split):
+    """A split already computed on the whole stack (``decompose``'s dict), read by layer."""
+
+    def __init__(self, whole: dict[str, Tensor], trace: Trace, position: int) -> None:
+        super().__init__(trace, trace, position)
+        self._whole = whole
+
+    def layer(self, k: int) -> dict[str, Tensor]:
+        a = sum(self.widths[:k])
+        return {n: v[..., a : a + self.widths[k]] for n, v in self._whole.items()}
+
+
+def as_split(split: Split | dict[str, Tensor] | None, trace: Trace, perturbed: Trace,
+             position: int) -> Split | None:
+    """``split`` read by layer: a ``Split`` as it is, ``decompose``'s dict sliced, None
+    computed (None for a cell with no keep gate)."""
+    if isinstance(split, Split):
+        return split
+    if isinstance(split, dict):
+        return _Sliced(split, trace, position)
+    return Split.of(trace, perturbed, position)
+
+
+def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor] | None:
+    """Exact split of δs into forget path and return path, float64, (B, T, S) each, every
+    layer side by side (``Split.whole``).
+
+    ``measured`` = forget_path + return_path up to float rounding of the traced values;
+    all three are zero before p; at p the forget path is δs_p and the return path zero.
+    None for a plain RNN, which has no keep gate.
+    """
+    split = Split.of(trace, perturbed, position)
+    return None if split is None else split.whole()
+
+
+def _keep_of(trace: Trace, k: int) -> Tensor:
+    """Layer k's keep factor of each coordinate of its state, (B, T, S_k): the keep gate
+    itself where s has one coordinate a unit, else gathered by the family's
+    ``state_units`` (a head's f on its whole matrix memory, RWKV's e^{−w} on num and den)."""
+    f = trace[f"{layer_name(k)}.{trace.keep_gate}"]
+    units = trace.meta.get("state_units")
+    return f if units is None else f[..., units[k].to(f.device)]
+
+
+def _entries(tr: Trace, pt: Trace, k: int, s: Tensor, s2: Tensor, f: Tensor, f2: Tensor
+             ) -> tuple[Tensor, Tensor]:
+    """What layer k's cell wrote at each step in the clean and the perturbed run."""
+    if tr.spec.candidate is None and not {"i", "g"} <= set(tr.spec.signals):
+        # an official family's write (Mamba's Δ B u, mLSTM's i v kᵀ, RWKV's e^k (v, 1)):
+        # e_t = s_t − a_t ⊙ s_{t−1} from its own states, from the zero state it starts in
+        return _written(s, f), _written(s2, f2)
+    sig, sig2 = tr.layer(k), pt.layer(k)
+    if tr.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
+        return (sig["i"].double() * sig["g"].double(), sig2["i"].double() * sig2["g"].double())
+    cand = tr.spec.candidate  # a convex mix s' = keep ⊙ s + (1 − keep) ⊙ ĉ (GRU: z, n)
+    return (1 - f) * sig[cand].double(), (1 - f2) * sig2[cand].double()
+
+
+def _written(s: Tensor, a: Tensor) -> Tensor:
+    """What a cell wrote at each step, e_t = s_t − a_t ⊙ s_{t−1} (s_{−1} = 0), (B, T, S)."""
+    prev = torch.cat([torch.zeros_like(s[:, :1]), s[:, :-1]], dim=1)  # (B, T, S)
+    return s - a * prev
+
+
+def _operator(trace: Trace, k: int, t: int) -> Callable[[Tensor], Tensor]:
+    """Layer k's keep operator of the clean run's step t on its state (B, S_k)."""
+    sig = {n: v[:, t].double() for n, v in trace.layer(k).items()}
+    op = trace.spec.keep_operator
+    return lambda s: op(sig, s)
+
+
+def keep_at(trace: Trace, t: int) -> Callable[[Tensor], Tensor]:
+    """The clean run's keep operator of step t on a pooled state s (B, S), layer by layer:
+    s -> A_t(s) by the cell's ``keep_operator`` (the delta rule's α S (I − β k kᵀ))."""
+    ops = [_operator(trace, k, t) for k in range(trace.num_layers)]
+    widths = [trace[f"{layer_name(k)}.{trace.state_name}"].shape[-1]
+              for k in range(trace.num_layers)]
+
+    def apply(s: Tensor) -> Tensor:
+        parts = torch.split(s, widths, dim=-1)
+        return torch.cat([op(x) for op, x in zip(ops, parts, strict=True)], dim=-1)
+    return apply
+

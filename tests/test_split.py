@@ -1,0 +1,108 @@
+"""The perturbation's split read one layer at a time (analysis/split.py) against the same
+split computed on the whole stack's pooled state, and what the analysis keeps of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gatelens.analysis import measurements
+from gatelens.analysis.causal import cut_rows
+from gatelens.analysis.common import pooled
+from gatelens.analysis.measure import encoder_runner, measure
+from gatelens.analysis.perturbation import decay_rows, perturb_windows
+from gatelens.analysis.split import Split, decompose
+from gatelens.readout.trace import trace
+from gatelens.report.html_data import page_data
+
+
+def _traces(cls, layers=3, B=4, T=24, p=5, scale=1.0):
+    torch.manual_seed(layers)
+    m = cls(6, 9, num_layers=layers, batch_first=True)
+    with torch.no_grad():
+        for w in m.parameters():
+            w.mul_(scale)
+    ids = torch.randint(0, 6, (B, T), generator=torch.Generator().manual_seed(2))
+    ids2 = perturb_windows(ids, p, 6, seed=1)
+    onehot = lambda i: nn.functional.one_hot(i, 6).float()  # noqa: E731
+    with torch.no_grad():
+        return trace(m, onehot(ids)), trace(m, onehot(ids2)), p
+
+
+def _pooled_split(tr, tr2, p):
+    """The split on the pooled state of every layer at once, written out here."""
+    s, s2 = (pooled(t, tr.state_name).double() for t in (tr, tr2))
+    f = pooled(tr, tr.keep_gate).double()
+    d = s2 - s
+    d[:, :p] = 0
+    forget = torch.zeros_like(d)
+    forget[:, p] = d[:, p]
+    for t in range(p + 1, d.shape[1]):
+        forget[:, t] = f[:, t] * forget[:, t - 1]
+    return d, forget
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("scale", [1.0, 8.0])  # ×8: a chaotic LSTM
+def test_the_split_by_layer_is_the_split_of_the_pooled_state(cls, scale):
+    tr, tr2, p = _traces(cls, scale=scale)
+    split = Split.of(tr, tr2, p)
+    whole = split.whole()
+    d, forget = _pooled_split(tr, tr2, p)
+    assert torch.equal(whole["measured"], d)
+    assert torch.equal(whole["forget_path"], forget)  # the same products, in the same order
+    # the two paths add up to δs up to the float32 rounding of the traced values
+    assert torch.allclose(whole["forget_path"] + whole["return_path"], d, atol=1e-5, rtol=1e-5)
+    # the pooled curves from the layers' sums of squares are the norms of the pooled arrays
+    rows = decay_rows(tr, tr2, p, split)["rows"]
+    keep = d[:, p].norm(dim=-1) > 0
+    base = d[keep, p].norm(dim=-1)[:, None]
+    for name, v in (("measured", d), ("forget_path", forget),
+                    ("return_path", whole["return_path"])):
+        want = v[keep, p:].norm(dim=-1) / base
+        assert torch.allclose(rows[name], want, rtol=1e-12, atol=0), name
+    # the dict a caller already has gives the same rows as the split read by layer
+    again = decay_rows(tr, tr2, p, decompose(tr, tr2, p))["rows"]
+    assert all(torch.allclose(again[n], rows[n], rtol=1e-14, atol=0) for n in rows)
+
+
+def test_the_cut_rows_by_layer_are_the_pooled_ones():
+    tr, tr2, p = _traces(nn.LSTM)
+    split = Split.of(tr, tr2, p)
+    rows = cut_rows(tr, tr2, tr2, p, split)  # the uncut run as its own "cut": δs_cut = δs
+    d, forget = _pooled_split(tr, tr2, p)
+    keep = d[:, p].norm(dim=-1) > 0
+    want = forget[keep, p:].norm(dim=-1) / d[keep, p].norm(dim=-1)[:, None]
+    assert torch.allclose(rows["curves"][None]["forget_path"], want, rtol=1e-12, atol=0)
+    assert rows["residual"] == pytest.approx(float((d - forget)[:, p:].abs().max()), rel=1e-12)
+    assert rows["scale"] == pytest.approx(float(forget[:, p].norm(dim=-1).max()), rel=1e-12)
+    width = tr["layer0.c"].shape[-1]
+    layer0 = forget[keep, p:, :width].norm(dim=-1) / d[keep, p, :width].norm(dim=-1)[:, None]
+    assert torch.allclose(rows["curves"][0]["forget_path"], layer0, rtol=1e-12, atol=0)
+
+
+def _analysis(monkeypatch, kept):
+    monkeypatch.setattr(measurements, "SPLIT_KEPT", kept)
+    torch.manual_seed(0)
+    m = nn.LSTM(3, 4, num_layers=2, batch_first=True)
+    run = encoder_runner(lambda i: nn.functional.one_hot(i, 3).float())
+    ids = torch.randint(0, 3, (3, 12), generator=torch.Generator().manual_seed(0))
+    return measure(m, run, ids, list("ab "), perturb_pos=4)
+
+
+def test_the_analysis_keeps_the_split_of_the_windows_that_fit(monkeypatch):
+    full = _analysis(monkeypatch, measurements.SPLIT_KEPT)
+    assert full.decomposition["measured"].shape == (3, 12, 8)
+    one = 12 * 8 * 8 * 3  # the bytes of one window's three paths (T · S · 8 · 3)
+    part = _analysis(monkeypatch, one + 1)
+    assert part.decomposition["measured"].shape == (1, 12, 8)
+    assert torch.equal(part.decomposition["return_path"], full.decomposition["return_path"][:1])
+    # the curves are every window's, whatever is kept for the page
+    assert part.perturbation.return_path == full.perturbation.return_path
+    assert page_data(part, max_windows=1)["perturb"]["has_paths"]
+    shown = page_data(part, max_windows=3)["perturb"]
+    assert not shown["has_paths"] and set(shown["paths"]) == {"measured"}
+    none = _analysis(monkeypatch, one - 1)
+    assert none.decomposition is None and none.perturbation.forget_only is not None
+    assert not page_data(none)["perturb"]["has_paths"]
