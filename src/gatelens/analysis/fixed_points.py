@@ -210,7 +210,7 @@ def dynamics_fixed_points(d: Dynamics, held: Mapping[str, Tensor], starts: int =
     """``fixed_points`` of a Dynamics' step, from ``starts`` states drawn (with ``seed``)
     from its trajectory, under each held input (``held_inputs``)."""
     B, T = d.trajectory[0].shape[:2]
-    flat = torch.cat(d.trajectory, dim=-1).reshape(B * T, -1)  # (B·T, S)
+    flat = torch.cat(d.trajectory, dim=-1).double().reshape(B * T, -1)  # (B·T, S)
     gen = torch.Generator().manual_seed(int(seed))
     pick = torch.randperm(B * T, generator=gen)[:starts]
     if starts > B * T:  # fewer positions than starts: draw with replacement

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from gatelens.families.recipe import Recipe
@@ -116,7 +117,9 @@ class Dynamics:
     parts side by side. ``step`` is F on a batch, (x (B, F), [s_i (B, n_i)]) -> [s'_i], pure
     and differentiable (``torch.func.jvp``), float64. ``inputs[:, t]`` is what step t reads
     (for a stack, layer 0's input; a family may pack more, e.g. fixed inputs of every layer).
-    ``trajectory[i][:, t]`` is part i after step t, ``initial`` the parts before the first
+    ``trajectory[i][:, t]`` is part i after step t (a float32 module's own, read in float64
+    a step at a time: a 24-layer stack's float64 copy was 0.7 GB a window), ``initial`` the
+    parts before the first
     step of ``order`` (the processing order: a reverse direction runs T − 1 … 0).
     ``units[j]`` is the unit (0 … L·H − 1, layers pooled) that coordinate j of the
     concatenated state belongs to, −1 where none does (a projected h).
@@ -146,7 +149,7 @@ class Dynamics:
         if j == 0:
             return list(self.initial)
         t = self.order[j - 1]
-        return [p[:, t].clone() for p in self.trajectory]
+        return [p[:, t].to(torch.float64, copy=True) for p in self.trajectory]
 
     def first(self, n: int) -> Dynamics:
         """The same recurrence on its first ``n`` windows (the step is the same for any

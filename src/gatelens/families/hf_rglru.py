@@ -371,7 +371,7 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
                           output=ref.output, final=ref.final,
                           extra={**ref.extra, "aux": [None] * self.num_layers})
         (dyn,) = super().dynamics(call, plain)
-        return [replace(dyn, initial=[p[:, 0] for p in dyn.trajectory],
+        return [replace(dyn, initial=[p[:, 0].double() for p in dyn.trajectory],
                         order=list(range(1, call.length)), offset=1)]
 
 

@@ -54,8 +54,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
-from gatelens.families.base import Call, LayerDiff, Readout, Reference
+from gatelens.families.base import Call, LayerDiff, Reference
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -296,14 +297,15 @@ class HFXLSTMFamily(XLSTMForward, StepEdits, OfficialFamily):
                                                       over=steps)
         return ref
 
-    def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
+    def _row(self, k: int, signals: dict[str, Tensor], ref: Reference,
+             link: tuple[float, float] = (0.0, 0.0)) -> LayerDiff:
         """The memory s on each head's scale (``head_scaled_diff``), y (the layer's output,
         per channel) as every official family judges it."""
-        ds = head_scaled_diff(readout.signals["layer0.s"], ref.states["layer0.s"],
-                              self.state_units(0))
-        dy = scaled_diff(readout.signals["layer0.y"], ref.states["layer0.y"])
-        return [LayerDiff(0, False, max(ds[0], dy[0]), None,
-                          max_scaled_diff_h=max(ds[1], dy[1]))]
+        ds = head_scaled_diff(signals["s"], ref.states[f"{layer_name(k)}.s"],
+                              self.state_units(k))
+        dy = scaled_diff(signals["y"], ref.states[f"{layer_name(k)}.y"])
+        return LayerDiff(k, False, max(ds[0], dy[0], link[0]), None,
+                         max_scaled_diff_h=max(ds[1], dy[1], link[1]))
 
     # ---- the hand cell ---------------------------------------------------------------
     def _project(self, layer: nn.Module, u: Tensor):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.records import Recorder, buffer_units, conv_buffer, scaled_diff
+from gatelens.families.torch_ops import no_embedding
 
 __all__ = ["OfficialFamily", "Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
 
@@ -166,7 +167,8 @@ class OfficialFamily(Family, abc.ABC):
         """A float64 copy of the module (made once), for the hand cell and the dynamics."""
         cached = self.__dict__.get("_m64")
         if cached is None or cached[0] != self._weights_version():
-            m = copy.deepcopy(self.module).double().eval().requires_grad_(False)
+            m = copy.deepcopy(self.module, no_embedding(self.module))
+            m = m.double().eval().requires_grad_(False)
             cached = (self._weights_version(), m)
             self.__dict__["_m64"] = cached
         return cached[1]
@@ -236,23 +238,29 @@ class OfficialFamily(Family, abc.ABC):
 
     # ---- read-outs and checks -------------------------------------------------------
     def read(self, call: Call, ref: Reference) -> Readout:
-        m, B, T = self.float64(), call.batch, call.length
-        signals, dtype = {}, call.inputs.dtype
-        with torch.no_grad():
-            for k in range(self.num_layers):
-                prev = [p.reshape(B * T, -1) for p in self._previous(k, ref)]
-                u = ref.inputs[layer_name(k)].double().reshape(B * T, -1)
-                aux = ref.extra["aux"][k]
-                aux = None if aux is None else aux.double().reshape(B * T, -1)
-                sig, new, y = self.step_cell(k, m, u, prev, aux)
-                sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
-                for letter in self.letters(k):
-                    signals[f"{layer_name(k)}.{letter}"] = sig[letter].reshape(B, T, -1).to(dtype)
+        m, signals = self.float64(), {}
+        for k in range(self.num_layers):
+            for letter, v in self._read_layer(k, m, call, ref).items():
+                signals[f"{layer_name(k)}.{letter}"] = v
         # the keep gate is per unit, s per coordinate: the perturbation split reads which
         # unit's keep factor scales each coordinate of s (Trace.meta["state_units"])
         units = [self.state_units(k) for k in range(self.num_layers)]
         return Readout(signals=signals, meta={"method": "anchored", "family": self.name,
                                               "state_units": units})
+
+    def _read_layer(self, k: int, m: nn.Module, call: Call, ref: Reference
+                    ) -> dict[str, Tensor]:
+        """Layer k's anchored signals: its hand cell fed the module's own state at t − 1."""
+        B, T = call.batch, call.length
+        with torch.no_grad():
+            prev = [p.reshape(B * T, -1) for p in self._previous(k, ref)]
+            u = ref.inputs[layer_name(k)].double().reshape(B * T, -1)
+            aux = ref.extra["aux"][k]
+            aux = None if aux is None else aux.double().reshape(B * T, -1)
+            sig, new, y = self.step_cell(k, m, u, prev, aux)
+            sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
+            return {letter: sig[letter].reshape(B, T, -1).to(call.inputs.dtype)
+                    for letter in self.letters(k)}
 
     def read_own(self, call: Call, ref: Reference) -> Readout | None:
         """Every signal as the module itself computed it, where its states were read from its
@@ -271,36 +279,44 @@ class OfficialFamily(Family, abc.ABC):
                                               "state_units": units})
 
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
-        rows = []
-        for k in range(self.num_layers):
-            worst = (0.0, 0.0)
-            for letter in (self.spec.state, "y"):
-                name = f"{layer_name(k)}.{letter}"
-                d = scaled_diff(readout.signals[name], ref.states[name])
-                worst = (max(worst[0], d[0]), max(worst[1], d[1]))
-            rows.append(LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1]))
-        return rows
+        return [self._row(k, {letter: readout.signals[f"{layer_name(k)}.{letter}"]
+                              for letter in self.letters(k)
+                              if f"{layer_name(k)}.{letter}" in readout.signals}, ref)
+                for k in range(self.num_layers)]
 
-    def links(self, ref: Reference) -> list[tuple[float, float]]:
-        """Per layer, the block around the cell against the module: pre(x_k) against the
-        cell's input u_k, post(x_k, y_k) against the block's output (and the top block's
-        output through ``final`` against the module's step-by-step output)."""
-        m, out = self.float64(), []
+    def _row(self, k: int, signals: dict[str, Tensor], ref: Reference,
+             link: tuple[float, float] = (0.0, 0.0)) -> LayerDiff:
+        """Layer k's state and output (``signals``: the layer's, by letter) against the
+        trajectory, and ``link`` (``_link``'s figures); the one rule of ``judge``,
+        ``one_step`` and ``free_running``, which a family may refine."""
+        worst = link
+        for letter in (self.spec.state, "y"):
+            d = scaled_diff(signals[letter], ref.states[f"{layer_name(k)}.{letter}"])
+            worst = (max(worst[0], d[0]), max(worst[1], d[1]))
+        return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1])
+
+    def _link(self, k: int, m: nn.Module, ref: Reference) -> tuple[float, float]:
+        """Layer k's block around its cell against the module: pre(x_k) against the cell's
+        input u_k, post(x_k, y_k) against the block's output (and the top block's output
+        through ``final`` against the module's step-by-step output)."""
         with torch.no_grad():
-            for k in range(self.num_layers):
-                x, u = ref.extra["x"][k].double(), ref.inputs[layer_name(k)]
-                y, xo = ref.states[f"{layer_name(k)}.y"].double(), ref.extra["xo"][k]
-                ds = [scaled_diff(self.pre(k, m, x), u), scaled_diff(self.post(k, m, x, y), xo)]
-                if k == self.num_layers - 1:
-                    ds.append(scaled_diff(self.final(m, xo.double()), ref.extra["step_output"]))
-                out.append((max(d[0] for d in ds), max(d[1] for d in ds)))
-        return out
+            x, u = ref.extra["x"][k].double(), ref.inputs[layer_name(k)]
+            y, xo = ref.states[f"{layer_name(k)}.y"].double(), ref.extra["xo"][k]
+            ds = [scaled_diff(self.pre(k, m, x), u), scaled_diff(self.post(k, m, x, y), xo)]
+            if k == self.num_layers - 1:
+                ds.append(scaled_diff(self.final(m, xo.double()), ref.extra["step_output"]))
+        return max(d[0] for d in ds), max(d[1] for d in ds)
 
     def one_step(self, call: Call, ref: Reference) -> list[LayerDiff]:
-        rows = self.judge(self.read(call, ref), ref)
-        return [LayerDiff(r.layer, False, max(r.max_abs_diff_h, a), None,
-                          max_scaled_diff_h=max(r.max_scaled_diff_h, s))
-                for r, (a, s) in zip(rows, self.links(ref), strict=True)]
+        # one layer at a time: no more than one layer's hand-cell signals exist at once
+        m = self.float64()
+        return [self._row(k, self._read_layer(k, m, call, ref), ref, self._link(k, m, ref))
+                for k in range(self.num_layers)]
+
+    def free_running(self, call: Call, ref: Reference) -> list[LayerDiff]:
+        if not hasattr(self, "scan_layer"):
+            return super().free_running(call, ref)
+        return [self._row(k, sig, ref) for k, sig in self._rerun_layers(call)]
 
     def rerun(self, call: Call) -> Readout:
         if hasattr(self, "scan_layer"):
@@ -335,18 +351,22 @@ class OfficialFamily(Family, abc.ABC):
         (``scan_layer``: a family whose step reads its state only through a linear
         recurrence computes every step's input side at once): the same hand cell on its own
         outputs as the step-by-step loop, without T·L calls from Python."""
+        signals = {f"{layer_name(k)}.{letter}": v for k, sig in self._rerun_layers(call)
+                   for letter, v in sig.items()}
+        return Readout(signals={n: signals[n] for n in self.names()},
+                       meta={"method": "free-running", "family": self.name})
+
+    def _rerun_layers(self, call: Call) -> Iterator[tuple[int, dict[str, Tensor]]]:
+        """``_rerun_by_layer``'s layers one by one, (k, signals by letter)."""
         m, dtype, B, T = self.float64(), call.inputs.dtype, call.batch, call.length
-        x, signals = call.inputs.double(), {}
+        x = call.inputs.double()
         with torch.no_grad():
             for k in range(self.num_layers):
                 sig, parts, y = self.scan_layer(k, m, self.pre(k, m, x))
                 flat = [p.reshape(B * T, -1) for p in parts]
                 sig = {**sig, self.spec.state: self.state_of(k, flat).reshape(B, T, -1), "y": y}
                 x = self.post(k, m, x, y)
-                for letter in self.letters(k):
-                    signals[f"{layer_name(k)}.{letter}"] = sig[letter].to(dtype)
-        return Readout(signals={n: signals[n] for n in self.names()},
-                       meta={"method": "free-running", "family": self.name})
+                yield k, {letter: sig[letter].to(dtype) for letter in self.letters(k)}
 
     # ---- the dynamics ----------------------------------------------------------------
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
@@ -371,9 +391,10 @@ class OfficialFamily(Family, abc.ABC):
                 out += new
             return out
 
-        trajectory = [p.double() for k in range(L) for p in ref.extra["parts"][k]]
+        trajectory = [p for k in range(L) for p in ref.extra["parts"][k]]  # read in float64
         initial = [p for k in range(L) for p in self.initial_parts(k, call.batch)]
         units = torch.cat([torch.where(u >= 0, u + offsets[k], u) for k in range(L)
                            for u in self.part_units(k)])
         return [Dynamics(step=step, inputs=packed, trajectory=trajectory, initial=initial,
                          order=list(range(call.length)), units=units)]
+

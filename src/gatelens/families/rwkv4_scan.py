@@ -35,8 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gatelens.cells.names import layer_name
-from gatelens.families.base import LayerDiff, Readout, Reference
+from gatelens.families.base import LayerDiff, Reference
 from gatelens.families.forward_scan import linear_scan
 from gatelens.families.records import Recorder, scaled_diff
 
@@ -99,22 +98,17 @@ class RwkvForward:
                 "parts": parts, "aux": [None] * L, "output": output, "own": own,
                 "step_vs_forward": gap}
 
-    def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
+    def _row(self, k: int, signals: dict[str, Tensor], ref: Reference,
+             link: tuple[float, float] = (0.0, 0.0)) -> LayerDiff:
         """s and y (the base's), and where the states were read from the forward, the
         read-out wkv against the replay's: the states never read time_first, so a replay
         whose bonus is off shows only in wkv."""
-        rows, own = super().judge(readout, ref), ref.extra.get("own")
-        if own is None:
-            return rows
-        out = []
-        for r in rows:
-            name = f"{layer_name(r.layer)}.wkv"
-            a, s = (scaled_diff(readout.signals[name], own[r.layer]["wkv"])
-                    if name in readout.signals else (0.0, 0.0))
-            out.append(LayerDiff(r.layer, False, max(r.max_abs_diff_h, a), None,
-                                 max_scaled_diff_h=max(r.max_scaled_diff_h, s)))
-        return out
-
+        row, own = super()._row(k, signals, ref, link), ref.extra.get("own")
+        if own is None or "wkv" not in signals:
+            return row
+        a, s = scaled_diff(signals["wkv"], own[k]["wkv"])
+        return LayerDiff(k, False, max(row.max_abs_diff_h, a), None,
+                         max_scaled_diff_h=max(row.max_scaled_diff_h, s))
 
 
 @torch.no_grad()
