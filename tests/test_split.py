@@ -3,6 +3,7 @@ split computed on the whole stack's pooled state, and what the analysis keeps of
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -106,3 +107,24 @@ def test_the_analysis_keeps_the_split_of_the_windows_that_fit(monkeypatch):
     none = _analysis(monkeypatch, one - 1)
     assert none.decomposition is None and none.perturbation.forget_only is not None
     assert not page_data(none)["perturb"]["has_paths"]
+
+
+def test_a_page_over_budget_draws_the_first_units_of_each_layer(monkeypatch):
+    from gatelens.report import html_data
+    from gatelens.report.html_data import dequantize
+
+    a = _analysis(monkeypatch, measurements.SPLIT_KEPT)  # 2 layers of 4 units, T = 12, p = 4
+    assert page_data(a)["meta"]["units_shown"] is None  # the seed's sizes draw every unit
+    per_unit = 2 * (2 * 12 * 6 + 3 * 8)  # 2 layers: 6 signals of both models, 3 paths
+    monkeypatch.setattr(html_data, "BYTE_BUDGET", 2 * per_unit)  # 2 units a layer
+    monkeypatch.setattr(html_data, "MIN_UNITS", 1)
+    d = page_data(a)
+    assert d["meta"]["units_shown"] == 2 and d["meta"]["shown"] == 1
+    assert "the first 2 units of each layer" in d["title"]
+    assert d["models"]["trained"]["layer1"]["c"]["shape"] == [1, 12, 2]
+    assert all(len(v) == 2 for tab in d["units"].values() for v in tab.values()
+               if isinstance(v, list))
+    paths = dequantize(d["perturb"]["paths"]["forget_path"])  # (1, T − p, 2 layers × 2)
+    want = a.decomposition["forget_path"][0, 4:, [0, 1, 4, 5]].numpy()
+    span = np.ptp(want, axis=0).max()
+    assert paths.shape == (1, 8, 4) and np.abs(paths[0] - want).max() <= span / 500

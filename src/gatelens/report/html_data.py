@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 BYTE_BUDGET = 2_800_000
 #: Most windows the character view ever draws.
 MAX_WINDOWS = 16
+#: Fewest units of each layer the page draws when a window of all of them is over budget.
+MIN_UNITS = 64
 #: The largest plot file a page embeds (the plots gatelens draws are ~100 kB).
 MAX_PLOT_BYTES = 16 * 2**20
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -136,11 +138,13 @@ def _unit_tables(analysis: Analysis) -> dict[str, dict[str, list]]:
         for k, (mean, ini) in enumerate(zip(trained, init, strict=True))}
 
 
-def _perturbation(analysis: Analysis, rows: list[int]) -> dict[str, Any]:
+def _perturbation(analysis: Analysis, rows: list[int], cap: int | None = None
+                  ) -> dict[str, Any]:
     """The changed character and the state difference after it, for the shown windows;
     the mean curves are the analysis's own (PerturbationDecay.curves).
 
-    Unit u of layer k is column k*H + u of the (pooled) state difference.
+    Unit u of layer k is column k*H + u of the (pooled) state difference; with ``cap``,
+    each layer's first ``cap`` columns (H = cap), the norms still over the whole state.
     """
     p = int(analysis.perturb_pos)
     dec = analysis.decomposition
@@ -160,19 +164,60 @@ def _perturbation(analysis: Analysis, rows: list[int]) -> dict[str, Any]:
         "pos": p,
         "texts": _text(analysis.perturbed, chars, rows, unit),
         "orig": [t[p] for t in _text(analysis.windows, chars, rows, unit)],
-        "paths": {k: quantize(v[rows, p:, :]) for k, v in paths.items()},  # (W, T-p, S)
+        "paths": {k: quantize(_first_units(analysis.trace, v[rows, p:, :], cap))
+                  for k, v in paths.items()},  # (W, T-p, S)
         "norms": norms, "mean_ratio": {k: [_sig(x) for x in curves[k]] for k in paths},
         "has_paths": dec is not None,
     }
 
 
-def _window_count(analysis: Analysis, n_layers: int, n_signals: int,
+def _widths(analysis: Analysis, layers: list[str], signals: list[str]) -> list[list[int]]:
+    """Per layer: each shown signal's width, then the carried state's."""
+    tr = analysis.trace
+    return [[int(tr[f"{ln}.{x}"].shape[-1]) for x in signals if f"{ln}.{x}" in tr]
+            + [int(tr[f"{ln}.{tr.state_name}"].shape[-1])] for ln in layers]
+
+
+def _first_units(trace: Any, v: np.ndarray, cap: int | None) -> np.ndarray:
+    """The pooled state's columns (…, S) the page draws: all, or each layer's first
+    ``cap`` (zeros where a layer has fewer), side by side."""
+    if cap is None:
+        return v
+    ends = np.cumsum([0] + [trace[f"{layer_name(k)}.{trace.state_name}"].shape[-1]
+                            for k in range(int(trace.num_layers))])
+    out = np.zeros((*v.shape[:-1], cap * (len(ends) - 1)))
+    for k in range(len(ends) - 1):
+        w = min(cap, int(ends[k + 1] - ends[k]))
+        out[..., k * cap : k * cap + w] = v[..., ends[k] : ends[k] + w]
+    return out
+
+
+def _window_bytes(analysis: Analysis, widths: list[list[int]], cap: int | None) -> int:
+    """The raw bytes one window costs the page: every signal of both models, and the three
+    perturbation paths of the state, each at most ``cap`` units wide."""
+    t = int(analysis.trace[f"layer0.{analysis.trace.state_name}"].shape[1])
+    k = t - int(analysis.perturb_pos)
+    c = (lambda w: w) if cap is None else (lambda w: min(w, cap))  # noqa: E731
+    return sum(2 * t * sum(c(w) for w in ws[:-1]) + 3 * k * c(ws[-1]) for ws in widths)
+
+
+def unit_cap(analysis: Analysis, widths: list[list[int]]) -> int | None:
+    """How many units of each layer the page draws: None (all) when one window of all of
+    them fits ``BYTE_BUDGET``; else the first ones that fit, at least ``MIN_UNITS`` (a
+    24-layer Mamba of mamba-130m's width has 24,576 (channel, state) units a layer)."""
+    if _window_bytes(analysis, widths, None) <= BYTE_BUDGET:
+        return None
+    per_unit = _window_bytes(analysis, [[1] * len(ws) for ws in widths], None)
+    return max(MIN_UNITS, BYTE_BUDGET // max(per_unit, 1))
+
+
+def _window_count(analysis: Analysis, widths: list[list[int]], cap: int | None,
                   max_windows: int | None) -> int:
     """How many windows the character view draws: max_windows, or what fits the budget."""
-    b, t, h = (int(d) for d in analysis.trace[f"layer0.{analysis.trace.state_name}"].shape)
+    b = int(analysis.trace[f"layer0.{analysis.trace.state_name}"].shape[0])
     if max_windows is not None:
         return max(1, min(b, int(max_windows)))
-    per = n_layers * (2 * n_signals * t * h + 3 * (t - int(analysis.perturb_pos)) * h)
+    per = _window_bytes(analysis, widths, cap)
     return max(1, min(b, MAX_WINDOWS, BYTE_BUDGET // max(per, 1)))
 
 
@@ -254,13 +299,15 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
     trace, base = analysis.trace, analysis.baseline_trace
     layers = [layer_name(k) for k in range(int(trace.num_layers))]
     signals = _signals(trace, 0)
-    n = _window_count(analysis, len(layers), len(signals), max_windows)
+    widths = _widths(analysis, layers, signals)
+    cap = unit_cap(analysis, widths)
+    n = _window_count(analysis, widths, cap, max_windows)
     rows = list(range(n))
     b, t, h = (int(d) for d in trace[f"layer0.{signals[0]}"].shape)
     models: dict[str, dict] = {}
     for label, tr in (("trained", trace), ("untrained", base)):
-        models[label] = {ln: {s: quantize(_np(tr[f"{ln}.{s}"])[rows]) for s in signals
-                              if f"{ln}.{s}" in tr} for ln in layers}
+        models[label] = {ln: {s: quantize(_np(tr[f"{ln}.{s}"][rows, :, :cap]))
+                              for s in signals if f"{ln}.{s}" in tr} for ln in layers}
     report = analysis.report
     model = report.get("model", {})
     bounds = cell_spec(trace.cell).bounds
@@ -271,17 +318,20 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
         "source": (report.get("text") or {}).get("source"),
         "unit": model.get("unit") or "characters",
         "ranges": {s: list(bounds[s]) if s in bounds else None for s in signals},
+        "units_shown": cap,
     }
     return {
         "format": 1,
         "title": f"gatelens · {trace.cell} · {h} units" + (
-            f" · step {meta['step']}" if meta["step"] is not None else ""),
+            f" · step {meta['step']}" if meta["step"] is not None else "") + (
+            "" if cap is None else f" · the first {cap} units of each layer drawn"),
         "meta": meta,
         "chars": list(analysis.chars),
         "texts": _text(analysis.windows, list(analysis.chars), rows, meta["unit"]),
         "models": models,
-        "units": _unit_tables(analysis),
-        "perturb": _perturbation(analysis, rows),
+        "units": {ln: {k: v[:cap] if isinstance(v, list) else v for k, v in tab.items()}
+                  for ln, tab in _unit_tables(analysis).items()},
+        "perturb": _perturbation(analysis, rows, cap),
         "report": report,
         "plots": [encode_plot(p) for p in analysis.plots if Path(p).is_file()],
         "plot_files": [_relative(p, analysis.out) for p in analysis.plots],
