@@ -276,3 +276,35 @@ def test_bad_arguments_are_refused(dynamics_of) -> None:
         lyapunov_spectrum(dyn, k=0, hidden=4)
     with pytest.raises(GatelensError, match="hidden="):
         lyapunov_spectrum(dyn, burn_in=2)
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e6, 1e12])
+def test_orthonormalise_is_householder_qr_at_any_condition(cond, monkeypatch):
+    """CholeskyQR2 where V is well conditioned, Householder where it is not (a Gram matrix
+    that squares a condition number of 1e12 is singular in float64): the same |R_ii| and an
+    orthonormal Q that spans V's columns either way."""
+    from gatelens.analysis.spectrum import orthonormalise
+
+    gen = torch.Generator().manual_seed(3)
+    V = torch.randn(2, 5000, 12, generator=gen, dtype=torch.float64)
+    V = V * torch.logspace(0, -math.log10(cond), 12, dtype=torch.float64)
+    Qh, Rh = torch.linalg.qr(V)
+    if cond <= 1e6:  # the Cholesky passes alone: Householder is not called
+
+        def refused(*a, **k):
+            raise AssertionError("Householder's QR on a well-conditioned frame")
+        monkeypatch.setattr(torch.linalg, "qr", refused)
+    Q, r = orthonormalise(V)
+    assert torch.allclose(r, Rh.diagonal(dim1=-2, dim2=-1).abs(), rtol=1e-9, atol=0)
+    assert float((Q.mT @ Q - torch.eye(12, dtype=torch.float64)).abs().max()) < 1e-12
+    assert torch.allclose((Q * Qh).sum(1).abs(), torch.ones(2, 12, dtype=torch.float64),
+                          atol=1e-9, rtol=0)  # the same directions, up to sign
+
+
+def test_orthonormalise_takes_a_rank_deficient_frame():
+    from gatelens.analysis.spectrum import orthonormalise
+
+    V = torch.randn(1, 300, 4, dtype=torch.float64)
+    V[..., 2] = 0.0  # a tangent the step killed: Cholesky fails, Householder goes on
+    Q, r = orthonormalise(V)
+    assert float(r[0, 2]) == 0.0 and torch.isfinite(Q).all()
