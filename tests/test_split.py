@@ -128,3 +128,23 @@ def test_a_page_over_budget_draws_the_first_units_of_each_layer(monkeypatch):
     want = a.decomposition["forget_path"][0, 4:, [0, 1, 4, 5]].numpy()
     span = np.ptp(want, axis=0).max()
     assert paths.shape == (1, 8, 4) and np.abs(paths[0] - want).max() <= span / 500
+
+
+def test_an_analysis_over_its_trace_budget_keeps_the_first_units_for_the_page(monkeypatch):
+    from gatelens.analysis import result
+
+    full = _analysis(monkeypatch, measurements.SPLIT_KEPT)
+    column = 2 * len(full.trace) * 12 * 4  # one unit of every tensor of both traces
+    monkeypatch.setattr(result, "TRACES_KEPT", 3 * column)  # 3 units of one window
+    a = _analysis(monkeypatch, measurements.SPLIT_KEPT)
+    assert a.trace.meta["kept_units"] == 3 and a.trace["layer1.c"].shape == (1, 12, 3)
+    assert torch.equal(a.trace["layer1.f"], full.trace["layer1.f"][:1, :, :3])
+    # the figures are every window's and unit's, whatever is kept for the page
+    assert a.perturbation.return_path == full.perturbation.return_path
+    assert a.units.forget_means.tolist() == full.units.forget_means.tolist()
+    d = page_data(a)
+    assert d["meta"]["units_shown"] == 3 and d["meta"]["shown"] == 1
+    assert all(len(v) == 3 for tab in d["units"].values() for v in tab.values()
+               if isinstance(v, list))
+    paths = d["perturb"]["paths"]
+    assert set(paths) == {"measured"} and paths["measured"]["shape"] == [1, 8, 6]

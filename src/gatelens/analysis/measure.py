@@ -10,6 +10,8 @@ docs/methods.md.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from typing import Any
 
@@ -20,7 +22,14 @@ from gatelens.analysis import perturb_windows
 from gatelens.analysis.chunk import Chunk, Setup
 from gatelens.analysis.estimate import chunk_bytes, plan_line, time_line
 from gatelens.analysis.measurements import MEASUREMENTS
-from gatelens.analysis.result import Analysis, Baseline, Captured, Runner, encoder_runner
+from gatelens.analysis.result import (
+    Analysis,
+    Baseline,
+    Captured,
+    Runner,
+    encoder_runner,
+    kept_for_page,
+)
 from gatelens.analysis.settings import AnalysisSettings, check_perturb_pos
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
@@ -130,8 +139,9 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
             t0 = time.perf_counter()
             m.update(part)
             clock[m.stage] += time.perf_counter() - t0
-        kept = kept or {"trace": tr, "trace_perturbed": tr2}
+        kept = kept or kept_for_page(tr, tr2)
         del part, call, ref, cap, cap2
+        _give_back()
         if progress and b0 == 0 and B > step:
             bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step))
         bar.update(len(w))
@@ -152,6 +162,18 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
                  perturb_pos=s.perturb_pos, **kept, **found, **(run or {}))
     clock["analyses"] += time.perf_counter() - t0
     return a
+
+
+def _give_back() -> None:
+    """Hand a chunk's freed memory back to the system: glibc keeps freed blocks below its
+    mmap threshold (up to 32 MiB) in its heap, where the next chunk's blocks do not always
+    fit (5 % off an 8-layer mamba-130m-shaped model's peak over 4 windows). Elsewhere a
+    no-op."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # musl, or no such symbol
+            pass
 
 
 def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:

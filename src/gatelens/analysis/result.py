@@ -6,7 +6,7 @@ every result object of one analysis (``Analysis``; report.json is ``Analysis.rep
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -44,6 +44,44 @@ class Captured:
 
 #: ids (B, T) -> what the recurrent module saw when the model read them.
 Runner = Callable[[Tensor], Captured]
+
+#: bytes of the first chunk's two traces an analysis keeps for its page (``kept_for_page``)
+TRACES_KEPT = 512 * 2**20
+
+
+def kept_for_page(tr: Trace, tr2: Trace, budget: int | None = None) -> dict[str, Trace]:
+    """The first chunk's traces as the analysis keeps them for its page: whole within
+    ``budget`` (``TRACES_KEPT``); else the first windows that fit; else the first window and
+    each signal's first units that fit (``meta["kept_units"]``: one window of a 24-layer
+    Mamba of mamba-130m's width is 1.2 GB for the two traces).
+
+    >>> from gatelens.readout.trace_types import Trace
+    >>> t = Trace("lstm", 1, False, {"layer0.f": torch.zeros(4, 8, 16)})
+    >>> [tuple(k["trace"]["layer0.f"].shape) for k in (kept_for_page(t, t, b) for b in
+    ...                                                (4096, 2048, 256))]
+    [(4, 8, 16), (2, 8, 16), (1, 8, 4)]
+    """
+    budget = TRACES_KEPT if budget is None else budget
+    one = sum(v[:1].numel() * v.element_size() for t in (tr, tr2) for v in t.values())
+    windows = next(iter(tr.values())).shape[0]
+    if one * windows <= budget:
+        return {"trace": tr, "trace_perturbed": tr2}
+    n = budget // max(one, 1)
+    if n >= 1:
+        return {k: replace(t, tensors={name: v[:n] for name, v in t.items()}, h_n=None,
+                           c_n=None, lengths=None if t.lengths is None else t.lengths[:n])
+                for k, t in (("trace", tr), ("trace_perturbed", tr2))}
+    column = sum(v[:1].numel() // max(v.shape[-1], 1) * v.element_size()
+                 for t in (tr, tr2) for v in t.values())  # one window, one unit of each
+    units = max(1, budget // max(column, 1))
+
+    def cut(t: Trace) -> Trace:
+        meta = {**t.meta, "kept_units": units}
+        if meta.get("state_units") is not None:
+            meta["state_units"] = [u[:units] for u in meta["state_units"]]
+        return replace(t, tensors={name: v[:1, :, :units].clone() for name, v in t.items()},
+                       h_n=None, c_n=None, lengths=None, meta=meta)
+    return {"trace": cut(tr), "trace_perturbed": cut(tr2)}
 
 
 def encoder_runner(encode: Callable[[Tensor], Tensor],

@@ -148,8 +148,11 @@ def _perturbation(analysis: Analysis, rows: list[int], cap: int | None = None
     """
     p = int(analysis.perturb_pos)
     dec = analysis.decomposition
-    if dec is not None and dec["measured"].shape[0] < len(rows):
-        dec = None  # the analysis kept the split of fewer windows (SPLIT_KEPT): δs alone
+    width = sum(int(analysis.trace[f"{layer_name(k)}.{analysis.trace.state_name}"].shape[-1])
+                for k in range(int(analysis.trace.num_layers)))
+    if dec is not None and (dec["measured"].shape[0] < len(rows)
+                            or dec["measured"].shape[-1] != width):
+        dec = None  # the analysis kept the split of fewer windows or units: δs alone
     if dec is not None:
         paths = {k: _np(dec[k]) for k in ("measured", "forget_path", "return_path")}  # (B,T,S)
     else:
@@ -301,6 +304,8 @@ def page_data(analysis: Analysis, max_windows: int | None = None) -> dict[str, A
     signals = _signals(trace, 0)
     widths = _widths(analysis, layers, signals)
     cap = unit_cap(analysis, widths)
+    kept = trace.meta.get("kept_units")  # the analysis kept only these units (kept_for_page)
+    cap = kept if cap is None else cap if kept is None else min(cap, kept)
     n = _window_count(analysis, widths, cap, max_windows)
     rows = list(range(n))
     b, t, h = (int(d) for d in trace[f"layer0.{signals[0]}"].shape)
