@@ -144,3 +144,54 @@ def test_the_rejudgement_shares_the_familys_float64_copy() -> None:
     m.train()
     assert fam.family64().module is not fam.float64()
     assert fam.family64().module.training
+
+
+@pytest.mark.parametrize("kind", ["mamba", "mamba2", "falcon"])
+def test_the_rejudgement_holds_one_layer_at_a_time(kind, monkeypatch) -> None:
+    """Where a family gives each layer's recorded states on their own, the float64
+    re-judgement replays, judges and drops one layer at a time (families/official_layers.py):
+    the same rows as the whole-stack reference, for a correct and a wrong read-out. FalconMamba
+    replays its layers another way and keeps the whole reference."""
+    from gatelens.families import official_layers
+    from gatelens.families.registry import open_family
+    from gatelens.readout import depth
+
+    torch.manual_seed(0)
+    if kind == "mamba":
+        m = _mamba(3)
+    elif kind == "falcon":
+        m = transformers.FalconMambaModel(transformers.FalconMambaConfig(
+            vocab_size=11, hidden_size=8, state_size=4, num_hidden_layers=3, expand=2,
+            conv_kernel=3, time_step_rank=2, use_cache=False)).eval()
+    else:
+        m = transformers.Mamba2Model(transformers.Mamba2Config(
+            vocab_size=11, hidden_size=16, state_size=4, num_hidden_layers=3, num_heads=4,
+            head_dim=8, expand=2, n_groups=1, conv_kernel=3, chunk_size=4,
+            use_cache=False)).eval()
+    fam = open_family(m)
+    x = torch.randn(2, 7, m.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    call = fam.check(x)
+    assert official_layers.streams(fam.family64()) is (kind != "falcon")
+    streamed = depth.one_step_float64(fam, call)
+    monkeypatch.setattr(depth, "streams", lambda fam: False)
+    whole = depth.one_step_float64(fam, call)
+    assert [(r.max_abs_diff_h, r.max_scaled_diff_h) for r in streamed] == [
+        (r.max_abs_diff_h, r.max_scaled_diff_h) for r in whole]
+    # a correct read-out passes (transformers' RMSNorm rounds to float32 in a float64 copy)
+    assert max(r.max_scaled_diff_h for r in streamed) < 1e-5
+    if kind == "mamba":  # and a wrong last layer is as wrong either way
+        step = HFMambaFamily.step_cell
+
+        def off(self, k, m, u, parts, aux):
+            sig, parts, y = step(self, k, m, u, parts, aux)
+            if k == self.num_layers - 1:
+                parts = [parts[0], parts[1] * (1 + 1e-3)]
+            return sig, parts, y
+
+        monkeypatch.setattr(HFMambaFamily, "step_cell", off)
+        fam = open_family(m)
+        wrong = depth.one_step_float64(fam, fam.check(x))
+        monkeypatch.setattr(depth, "streams", official_layers.streams)
+        assert wrong[-1].max_scaled_diff_h > 5e-4
+        assert [r.max_scaled_diff_h for r in depth.one_step_float64(fam, fam.check(x))] == [
+            r.max_scaled_diff_h for r in wrong]

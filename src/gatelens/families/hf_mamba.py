@@ -281,18 +281,20 @@ class HFMambaFamily(MambaCell):
         """The scan replayed on what each mixer's in_proj and x_proj returned (mamba1_scan),
         its output before out_proj against the module's own (``step_vs_forward``)."""
         L = self.num_layers
-        parts, own, gap = [], [], (0.0, 0.0)
-        for k, mix in enumerate(self.mixers(self.module)):
-            proj = rec.stacked(f"in{k}", outputs=True)  # (B, T, 2·Din): x, then the gate z
-            x, z = proj.chunk(2, dim=-1)
-            sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"),
-                                    rec.stacked(f"xp{k}", outputs=True), z)
-            d = scaled_diff(y, rec.stacked(f"out{k}"))  # the replay against the module's scan
-            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
-            parts.append([conv_buffer(x, self.d_conv), s])
-            own.append(sig)
-        return {**rec.blocks(L), "parts": parts, "aux": [None] * L, "output": output,
-                "own": own, "step_vs_forward": gap}
+        layers = [self.layer_recorded(rec, k) for k in range(L)]
+        gap = (max(g[0] for _, _, g in layers), max(g[1] for _, _, g in layers))
+        return {**rec.blocks(L), "parts": [p for p, _, _ in layers], "aux": [None] * L,
+                "output": output, "own": [o for _, o, _ in layers], "step_vs_forward": gap}
+
+    def layer_recorded(self, rec: Recorder, k: int) -> tuple[list[Tensor], dict, tuple]:
+        """Layer k of ``trajectory_recorded``: its parts, its own signals, and its replay's
+        output against the module's scan (abs, scaled)."""
+        mix = self.mixers(self.module)[k]
+        x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # x, then the gate z
+        sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True),
+                                z)
+        gap = scaled_diff(y, rec.stacked(f"out{k}"))  # the replay against the module's scan
+        return [conv_buffer(x, self.d_conv), s], sig, gap
 
     def _output_of(self, returned: Any) -> Tensor:
         return returned.last_hidden_state

@@ -131,22 +131,25 @@ class HFMamba2Family(HFMambaFamily):
         """The package's own convolution on what in_proj returned, and its decode step's
         recurrence replayed on it (mamba2_replay). The chunked scan of the forward holds no
         per-token state; its output against the replay's is ``step_vs_forward``."""
+        L = self.num_layers
+        layers = [self.layer_recorded(rec, k) for k in range(L)]
+        gap = (max(g[0] for _, _, g in layers), max(g[1] for _, _, g in layers))
+        return {**rec.blocks(L), "parts": [p for p, _, _ in layers], "aux": [None] * L,
+                "output": output, "own": [o for _, o, _ in layers], "step_vs_forward": gap}
+
+    def layer_recorded(self, rec: Recorder, k: int) -> tuple[list[Tensor], dict, tuple]:
+        """Layer k of ``trajectory_recorded``: its parts, its own signals, and the chunked
+        scan's output against the replay's (abs, scaled)."""
         from transformers.models.mamba2 import modeling_mamba2 as hf
 
-        L = self.num_layers
-        parts, own, gap = [], [], (0.0, 0.0)
-        for k, mix in enumerate(self.mixers(self.module)):
-            zxbcdt = rec.stacked(f"in{k}", outputs=True)  # (B, T, inner + conv_dim + heads)
-            _, xbc, _ = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)
-            xc = hf.causal_conv1d_fn(xbc.transpose(1, 2), mix.conv1d.weight.squeeze(1),
-                                     mix.conv1d.bias, activation=mix.activation).transpose(1, 2)
-            sig, s, y = mamba2_replay(mix, zxbcdt, xc)
-            d = scaled_diff(y, rec.stacked(f"norm{k}"))  # the chunked scan against the replay
-            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
-            parts.append([conv_buffer(xbc, self.d_conv), s])
-            own.append(sig)
-        return {**rec.blocks(L), "parts": parts, "aux": [None] * L, "output": output,
-                "own": own, "step_vs_forward": gap}
+        mix = self.mixers(self.module)[k]
+        zxbcdt = rec.stacked(f"in{k}", outputs=True)  # (B, T, inner + conv_dim + heads)
+        _, xbc, _ = zxbcdt.split([mix.intermediate_size, mix.conv_dim, mix.num_heads], -1)
+        xc = hf.causal_conv1d_fn(xbc.transpose(1, 2), mix.conv1d.weight.squeeze(1),
+                                 mix.conv1d.bias, activation=mix.activation).transpose(1, 2)
+        sig, s, y = mamba2_replay(mix, zxbcdt, xc)
+        gap = scaled_diff(y, rec.stacked(f"norm{k}"))  # the chunked scan against the replay
+        return [conv_buffer(xbc, self.d_conv), s], sig, gap
 
 
 def mamba2_step(mix: nn.Module, zxbcdt: Tensor, parts: list[Tensor], edit=None,

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, LayerDiff
+from gatelens.families.official_layers import one_step_by_layer, streams
 
 
 def _double(x: Any) -> Any:
@@ -75,5 +76,7 @@ def one_step_float64(fam: Family, call: Call) -> list[LayerDiff]:
     fam64 = fam.family64()
     call64 = Call(_double(call.inputs), _double(call.state), dict(call.layout))
     with torch.no_grad(), faithful_matmul(call.inputs.device):
+        if streams(fam64):  # one layer's float64 states at a time (families/official_layers.py)
+            return one_step_by_layer(fam64, call64)
         ref64 = fam64.reference(call64)
         return fam64.one_step(call64, ref64)
