@@ -195,3 +195,33 @@ def test_the_rejudgement_holds_one_layer_at_a_time(kind, monkeypatch) -> None:
         assert wrong[-1].max_scaled_diff_h > 5e-4
         assert [r.max_scaled_diff_h for r in depth.one_step_float64(fam, fam.check(x))] == [
             r.max_scaled_diff_h for r in wrong]
+
+
+@pytest.mark.parametrize("kind", ["mamba", "mamba2"])
+def test_a_trace_of_some_layers_replays_only_those(kind, monkeypatch) -> None:
+    """``trace(names=...)`` of a stack read from its own forward replays only the layers
+    it names (families/official_layers.read_layers): the same values bit for bit."""
+    from gatelens.families.hf_mamba2 import HFMamba2Family
+
+    if kind == "mamba":
+        m, cls = _mamba(4), HFMambaFamily
+    else:
+        torch.manual_seed(0)
+        m, cls = transformers.Mamba2Model(transformers.Mamba2Config(
+            vocab_size=11, hidden_size=16, state_size=4, num_hidden_layers=4, num_heads=4,
+            head_dim=8, expand=2, n_groups=1, conv_kernel=3, chunk_size=4,
+            use_cache=False)).eval(), HFMamba2Family
+    x = torch.randn(2, 7, m.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    whole = gatelens.trace(m, x)
+    seen = []
+    replay = cls.layer_recorded
+
+    def counted(self, rec, k):
+        seen.append(k)
+        return replay(self, rec, k)
+
+    monkeypatch.setattr(cls, "layer_recorded", counted)
+    some = gatelens.trace(m, x, names=["layer2.s", "layer2.a", "layer0.y"])
+    assert sorted(seen) == [0, 2] and list(some) == ["layer2.s", "layer2.a", "layer0.y"]
+    assert all(torch.equal(some[n], whole[n]) for n in some)
+    assert some.meta["method"] == "own" and some.meta["layers_read"] == [0, 2]

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from gatelens.cells.names import layer_name
-from gatelens.families.base import Call, LayerDiff, Reference
+from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.records import Recorder
 
-__all__ = ["one_step_by_layer", "streams"]
+__all__ = ["one_step_by_layer", "read_layers", "streams"]
 
 
 def _owner(cls: type, name: str) -> type | None:
@@ -69,3 +69,25 @@ def one_step_by_layer(fam: Any, call: Call) -> list[LayerDiff]:
             rows.append(fam._row(k, fam._read_layer(k, m, call, ref), ref, fam._link(k, m, ref)))
             del parts, ref
     return rows
+
+
+def read_layers(fam: Any, call: Call, names: list[str]) -> Readout:
+    """The module's own signals ``names`` (``read_own``'s values), replaying only the layers
+    they name from one recorded forward: a trace of one layer of a 24-layer Mamba-2 holds
+    that layer's states, not the stack's (4.8 GB at mamba2-130m's width, B = 2, T = 128)."""
+    L, dtype = fam.num_layers, call.inputs.dtype
+    wanted = sorted({k for k in range(L) for n in names if n.startswith(f"{layer_name(k)}.")})
+    with torch.no_grad():
+        with Recorder(fam.scan_modules()) as rec:
+            fam._forward(call)
+        signals = {}
+        for k in wanted:
+            parts, own, _ = fam.layer_recorded(rec, k)
+            sig = {**own, fam.spec.state: fam.state_of(k, parts).to(dtype),
+                   "y": rec.stacked(f"mixer{k}", outputs=True)}
+            signals.update({f"{layer_name(k)}.{x}": sig[x] for x in fam.letters(k)
+                            if f"{layer_name(k)}.{x}" in names})
+            del parts, own, sig
+    return Readout(signals=signals, meta={
+        "method": "own", "family": fam.name, "layers_read": wanted,
+        "state_units": [fam.state_units(k) for k in range(L)]})

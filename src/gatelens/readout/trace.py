@@ -39,6 +39,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, Readout, Reference
+from gatelens.families.official_layers import read_layers, streams
 from gatelens.families.registry import open_family
 from gatelens.families.spec import layer_name
 from gatelens.families.torch_ops import as_computed
@@ -159,6 +160,10 @@ def trace(module: nn.Module, inputs: Tensor | PackedSequence, state: State = Non
     check_names(names, fam.names())
     with torch.no_grad(), faithful_matmul(call.inputs.device), as_computed(module):
         if how in ("anchored", "own"):
+            if names is not None and method != "anchored" and streams(fam):
+                # only the layers named are replayed (families/official_layers.py)
+                ro = read_layers(fam, call, list(names))
+                return assemble(fam, call, ro, names, **own_meta(fam, own, ro))
             ro = own_or_anchored(fam, call, fam.reference(call), method and how)
             return assemble(fam, call, ro, names, **own_meta(fam, own, ro))
         ro = fam.rerun(call)
