@@ -204,3 +204,34 @@ def test_a_causal_lm_runs_its_head_on_the_positions_read_only() -> None:
     acc = ContextAccumulator(whole, 20, logits_at=lambda i, p: None)
     acc.update(ids)
     assert acc.result().excess_loss == ref.excess_loss
+
+
+def test_a_wide_layer_bounds_the_tokens_of_a_call(monkeypatch):
+    """At a layer of 4,096 units and more, a call of the context used reads at most
+    STATE_PER_CALL of its state numbers (1,365 tokens at mamba-130m's 24,576 units a layer,
+    where 95 runs of 65 tokens took 1.2 GB of the sequential scan's tensors)."""
+    transformers = pytest.importorskip("transformers")
+    import gatelens
+    from gatelens.analysis import context as ctx
+    from gatelens.analysis import measurements
+
+    seen = []
+    real = ctx.ContextAccumulator
+
+    def spy(*a, **k):
+        seen.append(k.get("max_chars"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(measurements, "ContextAccumulator", spy)
+    torch.manual_seed(0)
+    for hidden in (16, 64):  # 32 × 16 = 512 units a layer; 128 × 32 = 4,096
+        m = transformers.MambaForCausalLM(transformers.MambaConfig(
+            vocab_size=9, hidden_size=hidden, state_size=hidden // 2, num_hidden_layers=1,
+            expand=2, use_cache=False)).eval()
+        lens = gatelens.Lens(m, vocab=9)
+        (path,) = lens.families
+        ids = torch.randint(0, 9, (1, 12), generator=torch.Generator().manual_seed(1))
+        a = lens.measure(path, ids, [f"<{i}>" for i in range(9)], perturb_pos=3,
+                         exponents=0)
+        assert a.context is not None
+    assert seen == [ctx.MAX_CHARS, ctx.chars_per_call(4096)] and seen[1] == 8192

@@ -45,6 +45,24 @@ MAX_LOGITS = 1 << 25  # logits per call: with a 50k-token vocabulary, ~670 token
 MAX_PADDED = 1 << 12
 
 
+#: numbers of one layer's state a call may hold per token × unit above which ``chars_per_call``
+#: bounds a call: a sequential scan (transformers' Mamba on the CPU) forms a few (tokens,
+#: d_inner, d_state) tensors a layer, 1.2 GB for 95 runs of 65 tokens at mamba-130m's width
+STATE_PER_CALL = 1 << 25
+WIDE = 4096  # units a layer from which a call is bounded by its state
+
+
+def chars_per_call(units: int) -> int:
+    """Units (characters, tokens) one call of the model may read, given the units of one
+    layer's carried state: ``MAX_CHARS``, or for a layer of ``WIDE`` units and more
+    ``STATE_PER_CALL`` of its state numbers (at least 256 units).
+
+    >>> chars_per_call(325) == MAX_CHARS, chars_per_call(24_576)
+    (True, 1365)
+    """
+    return MAX_CHARS if units < WIDE else max(256, STATE_PER_CALL // units)
+
+
 def context_lengths(length: int) -> list[int]:
     """d = 1, 2, 4, … up to T/2 (each leaves a position d ≤ t ≤ T − 2).
 

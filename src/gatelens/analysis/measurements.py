@@ -39,7 +39,7 @@ from gatelens.analysis.causal import (
     why,
 )
 from gatelens.analysis.chunk import Chunk, Setup
-from gatelens.analysis.context import ContextAccumulator
+from gatelens.analysis.context import MAX_CHARS, ContextAccumulator, chars_per_call
 from gatelens.analysis.divergence import (
     DivergenceRate,
     start_vectors,
@@ -173,9 +173,11 @@ class Context(Accumulator):
         if chunk.memory and chunk.reach_note is None:
             if self.acc is None:
                 runner = self.setup.runner
-                self.acc = ContextAccumulator(lambda i: runner(i).logits, self.setup.length,
-                                              logits_at=getattr(runner, "logits_at", None),
-                                              pad_to=getattr(runner, "pad_to", None))
+                pad = getattr(runner, "pad_to", None)  # a padded model has its own bound
+                self.acc = ContextAccumulator(
+                    lambda i: runner(i).logits, self.setup.length,
+                    max_chars=MAX_CHARS if pad else chars_per_call(self.setup.fam.hidden_size),
+                    logits_at=getattr(runner, "logits_at", None), pad_to=pad)
             self.acc.update(chunk.windows[: chunk.memory])
 
     def result(self, found: dict) -> dict:
