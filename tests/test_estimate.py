@@ -20,7 +20,7 @@ def test_the_lines_before_and_after_the_first_chunk(capsys):
     measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=0, chunk=2, progress=True)
     err = capsys.readouterr().err.splitlines()
     plan = next(i for i, line in enumerate(err) if "working memory" in line)
-    assert err[plan] == plan_line(windows=5, length=20, step=2, units=12)
+    assert err[plan] == plan_line(windows=5, length=20, step=2, units=12, layers=2)
     assert "5 windows × 20 in 3 chunks of 2" in err[plan]
     timed = [line for line in err if "the first chunk took" in line]
     assert len(timed) == 1 and err.index(timed[0]) > plan
@@ -38,3 +38,12 @@ def test_the_chunk_rule_is_the_estimates():
     assert time_line(first=90.0, windows=40, step=10).endswith("all 4 ≈ 6.0 min")
     assert plan_line(windows=3, length=8, step=10, units=4).startswith(
         "gatelens analyze: 3 windows × 8 in 1 chunk of 3")
+
+
+def test_a_deep_stack_is_held_one_layer_at_a_time_in_the_estimate():
+    """The split and the one-step checks hold one layer at a time: a chunk of a deep stack
+    costs the whole stack's held part and one layer's share of the rest."""
+    one = chunk_bytes(1, 128, 24 * 24_576)
+    deep = chunk_bytes(1, 128, 24 * 24_576, layers=24)
+    assert deep < one / 3  # 23 GB estimated before for one window, measured peak 7.4 GB
+    assert chunk_bytes(2, 128, 325, 1) == 2 * chunk_bytes(1, 128, 325)

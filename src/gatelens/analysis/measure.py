@@ -57,7 +57,7 @@ def chunk_windows(fam: Family, length: int, budget: int = MEMORY_BUDGET) -> int:
     >>> chunk_windows(family_of(torch.nn.LSTM(84, 325)), 128)
     60
     """
-    return max(1, int(budget // chunk_bytes(1, length, _units(fam))))
+    return max(1, int(budget // chunk_bytes(1, length, _units(fam), fam.num_layers)))
 
 
 def _units(fam: Family) -> int:
@@ -122,7 +122,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     kept: dict = {}
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
     if progress:  # what it will cost, before it starts (analysis/estimate.py)
-        bar.write(plan_line(windows=B, length=T, step=step, units=_units(fam)))
+        bar.write(plan_line(windows=B, length=T, step=step, units=_units(fam),
+                            layers=fam.num_layers))
     started = time.perf_counter()
     for b0 in range(0, B, step):
         w, wp = ids[b0 : b0 + step], perturbed[b0 : b0 + step]
