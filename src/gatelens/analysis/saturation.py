@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gatelens.analysis.common import pooled
+from gatelens.analysis.common import by_layer
 from gatelens.errors import GatelensError
 from gatelens.families.registry import cell_spec
 from gatelens.families.spec import SIGMOID, CellSpec
@@ -113,9 +113,10 @@ class SaturationAccumulator:
         elif spec.name != self.spec.name:
             raise GatelensError(f"saturation: a {spec.name} trace after {self.spec.name} ones")
         for g in saturating_gates(spec):
-            x = pooled(trace, g).detach()  # (B, T, L·H)
-            lo = (x < LEFT).sum(dim=(0, 1)).cpu().to(torch.int64)  # (L·H,)
-            hi = (x > RIGHT).sum(dim=(0, 1)).cpu().to(torch.int64)
+            layers = [y.detach() for y in by_layer(trace, g)]  # (B, T, H_k) each
+            lo = torch.cat([(y < LEFT).sum(dim=(0, 1)).cpu().to(torch.int64)
+                            for y in layers])  # (L·H,)
+            hi = torch.cat([(y > RIGHT).sum(dim=(0, 1)).cpu().to(torch.int64) for y in layers])
             self.left[g] = self.left.get(g, 0) + lo
             self.right[g] = self.right.get(g, 0) + hi
         B, T = next(iter(trace.values())).shape[:2]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from gatelens.analysis.classes import CharClasses, classing
-from gatelens.analysis.common import PERCENTILES, as_numpy64, pooled
+from gatelens.analysis.common import PERCENTILES, as_numpy64, by_layer, pooled
 from gatelens.analysis.gates import GateDistributions, distribution
 from gatelens.analysis.units import UnitTimescales, summarize_units
 from gatelens.families.spec import CellSpec
@@ -90,16 +90,18 @@ class GateStats:
 
     def update(self, trace: Trace) -> None:
         for g in self.gates:
-            x = pooled(trace, g).detach()  # (B, T, U)
             if self.exact:
+                x = pooled(trace, g).detach()  # (B, T, U): at most EXACT_LIMIT values
                 if x.dtype not in (torch.float32, torch.float64):  # float16 / bfloat16
                     x = x.float()
                 self.values[g].append(x.to("cpu").numpy().ravel().copy())  # its own dtype
                 continue
             lo, hi = self.bounds[g]
-            self.sums[g] += float(x.double().sum())
-            idx = ((x.double() - lo) * (BINS / (hi - lo))).long().clamp_(0, BINS - 1)
-            self.counts[g] += torch.bincount(idx.flatten().cpu(), minlength=BINS).numpy()
+            for y in by_layer(trace, g):  # one layer's copies at a time
+                y = y.detach().double()
+                self.sums[g] += float(y.sum())
+                idx = ((y - lo) * (BINS / (hi - lo))).long().clamp_(0, BINS - 1)
+                self.counts[g] += torch.bincount(idx.flatten().cpu(), minlength=BINS).numpy()
 
     def result(self) -> GateDistributions:
         stats: dict[str, dict[str, float]] = {}
@@ -129,11 +131,13 @@ class UnitStats:
     def update(self, trace: Trace) -> None:
         if self.gate is None:
             return
-        x = as_numpy64(pooled(trace, self.gate))  # (B, T, U)
-        x = x.reshape(-1, x.shape[-1])
-        part = x.sum(axis=0)  # (U,)
+        parts = []
+        for y in by_layer(trace, self.gate):  # (B, T, H_k): the same sums, a layer at a time
+            y = as_numpy64(y)
+            parts.append(y.reshape(-1, y.shape[-1]).sum(axis=0))
+        part = np.concatenate(parts)  # (U,)
         self.sum = part if self.sum is None else self.sum + part
-        self.n += x.shape[0]
+        self.n += int(np.prod(trace[f"layer0.{self.gate}"].shape[:2]))
 
     def result(self, init_value: float) -> UnitTimescales | None:
         if self.gate is None or self.sum is None:
@@ -158,7 +162,12 @@ class ClassStats:
             self.positions[c] += int((cls == c).sum())
         if self.gate is None:
             return
-        pos_mean = as_numpy64(pooled(trace, self.gate)).mean(axis=-1)  # (B, T)
+        layers = by_layer(trace, self.gate)
+        if len(layers) == 1:
+            pos_mean = as_numpy64(layers[0]).mean(axis=-1)  # (B, T)
+        else:  # the mean over every layer's units, summed a layer at a time
+            pos_mean = sum(as_numpy64(y).sum(axis=-1) for y in layers) / sum(
+                y.shape[-1] for y in layers)
         for c in self.classes:
             self.means[c].append(pos_mean[cls == c])
 
