@@ -148,3 +148,28 @@ def test_an_analysis_over_its_trace_budget_keeps_the_first_units_for_the_page(mo
                if isinstance(v, list))
     paths = d["perturb"]["paths"]
     assert set(paths) == {"measured"} and paths["measured"]["shape"] == [1, 8, 6]
+
+
+def test_an_edited_run_gives_only_the_names_kept():
+    """``EditPlan(keep=...)``: the return path cut reads the states alone, and transformers'
+    Mamba leaves its other signals out (the same states as a run that keeps all)."""
+    transformers = pytest.importorskip("transformers")
+    from gatelens.families.edit_plan import EditPlan, StepChange
+    from gatelens.families.registry import open_family
+
+    torch.manual_seed(0)
+    m = transformers.MambaModel(transformers.MambaConfig(
+        vocab_size=9, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+        use_cache=False)).eval()
+    fam = open_family(m)
+    call = fam.check(torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1)))
+
+    def plan(keep=None):
+        half = lambda t, v: 0.5 * v  # noqa: E731  (position, value)
+        return EditPlan([StepChange("layer0", "a", frozenset(range(3, 6)), True, half)],
+                        keep=keep)
+
+    _, every = fam.intervene(call, plan(), None, 0)
+    _, some = fam.intervene(call, plan(["layer1.s", "layer0.s"]), None, 0)
+    assert set(some) == {"layer0.s", "layer1.s"} and len(every) == 8
+    assert all(torch.equal(some[n], every[n]) for n in some)

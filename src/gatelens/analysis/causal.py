@@ -101,7 +101,8 @@ def _held(mean: Tensor) -> Callable[[int, Tensor], Tensor]:
 def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
               uncut: Trace | None = None) -> Trace:
     """The module on the perturbed call, every ``RETURN_PATH`` letter of every layer set to
-    ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace.
+    ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace
+    of its states (all that the cut's rows read; a family may skip its other signals).
     ``uncut``: the perturbed run's own trace, which it is up to p + 1 (a family may then
     leave those steps unread)."""
     letters = cuts(fam) or ()
@@ -110,16 +111,18 @@ def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
     def value(k: int, g: str) -> Tensor:
         return clean_entry(fam, clean, k) if g == ENTRY else clean[f"{layer_name(k)}.{g}"]
 
+    states = [f"{layer_name(k)}.{clean.state_name}" for k in range(fam.num_layers)]
     plan = EditPlan((StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
                                 _patch(value(k, g)))
                      for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
-                    known=uncut is not None)
+                    known=uncut is not None, keep=states)  # the cut's rows read the states
     _, sig = fam.intervene(perturbed, plan, None, 0)
     sig = {n: v if v.shape[1] == T else torch.cat([uncut[n][:, : T - v.shape[1]].to(v.dtype),
-                                                   v], dim=1) for n, v in sig.items()}
+                                                   v], dim=1) for n, v in sig.items()
+           if n in states}
     units = clean.meta.get("state_units")
     return assemble(fam, perturbed, Readout(sig, meta={} if units is None else
-                                            {"state_units": units}), edited=True)
+                                            {"state_units": units}), states, edited=True)
 
 
 def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,

@@ -132,14 +132,18 @@ def layer_steps(fam: Any, call: Call, plan: EditPlan, begin: Any, first: int, of
             if edits:
                 y = torch.stack([edits[j][0]("y", y[:, j]) if j in edits else y[:, j]
                                  for j in range(y.shape[1])], dim=1)
-            if plan.signals:
-                delta, a = delta.clone(), a.reshape(B, -1, Din * N).clone()
+            if plan.wants(f"{name}.delta"):
+                delta = delta.clone()
                 for j, v in deltas:
                     delta[:, j] = v
+                rows[f"{name}.delta"] = list(delta.unbind(1))
+            if plan.wants(f"{name}.a"):
+                a = a.reshape(B, -1, Din * N).clone()
                 for j, v in keeps:
                     a[:, j] = v
-                for letter, v in (("delta", delta), ("a", a),
-                                  ("s", states.reshape(B, -1, Din * N)), ("y", y)):
+                rows[f"{name}.a"] = list(a.unbind(1))
+            for letter, v in (("s", states.reshape(B, -1, Din * N)), ("y", y)):
+                if plan.wants(f"{name}.{letter}"):
                     rows[f"{name}.{letter}"] = list(v.unbind(1))
             x = fam.post(k, m, x, y)
         out = fam.final(m, x)

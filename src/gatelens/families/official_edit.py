@@ -153,7 +153,8 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
         with torch.no_grad():
             if plan.signals and not plan.known:  # every position read here, by the family
                 ref = fam.reference(call)
-                signals = {n: v.clone() for n, v in fam.read(call, ref).signals.items()}
+                signals = {n: v.clone() for n, v in fam.read(call, ref).signals.items()
+                           if plan.wants(n)}
             else:
                 signals = {}
             # the module's own run before the first edit: its state there and its output
@@ -171,12 +172,14 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
     if not plan.signals:
         return _as_returned(output, hidden), {}
     for name, seq in rows.items():
+        if not plan.wants(name):
+            continue
         got = torch.stack(seq, dim=1)  # (B, T − first, W)
         if name in signals:
             signals[name][:, first:] = got.to(signals[name].dtype)
         else:
             signals[name] = got.to(call.inputs.dtype)
-    return _as_returned(output, hidden), {n: signals[n] for n in fam.names()}
+    return _as_returned(output, hidden), {n: signals[n] for n in fam.names() if plan.wants(n)}
 
 
 def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offset: int
