@@ -173,3 +173,25 @@ def test_an_edited_run_gives_only_the_names_kept():
     _, some = fam.intervene(call, plan(["layer1.s", "layer0.s"]), None, 0)
     assert set(some) == {"layer0.s", "layer1.s"} and len(every) == 8
     assert all(torch.equal(some[n], every[n]) for n in some)
+
+
+def test_an_analysis_with_cut_traces_writes_its_report(monkeypatch, tmp_path):
+    """The whole report (report.json, report.md, the page) of an analysis whose traces were
+    cut for the page (``TRACES_KEPT``) is written, and the page says what it draws."""
+    import json
+
+    import gatelens
+    from gatelens.analysis import result
+
+    monkeypatch.setattr(result, "TRACES_KEPT", 2048)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(5, 4), nn.LSTM(4, 6, num_layers=2, batch_first=True))
+    lens = gatelens.Lens(model, vocab=list("abcde"))
+    res = lens.analyze("abcdeedcba" * 40, out=tmp_path, windows=3, length=24,
+                       perturb_pos=6, exponents=0)
+    (a,) = res.analyses.values()
+    assert a.trace.meta["kept_units"] < 6
+    out = next(tmp_path.rglob("report.json"))
+    assert json.loads(out.read_text())["units"]
+    page = (out.parent / "report.html").read_text()
+    assert f"the first {a.trace.meta['kept_units']} units of each layer drawn" in page

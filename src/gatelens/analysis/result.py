@@ -114,8 +114,8 @@ class Analysis:
     windows: Tensor  # (B, T) int64 character indices
     perturbed: Tensor  # (B, T) the windows with x_p replaced
     perturb_pos: int
-    trace: Trace  # the model on the windows
-    trace_perturbed: Trace  # the model on the perturbed windows
+    trace: Trace  # the model on the first chunk's windows, as kept for the page
+    trace_perturbed: Trace  # ... on the perturbed windows (``kept_for_page``)
     verification: VerifyResult
     gates: GateDistributions
     units: UnitTimescales | None  # None: no keep gate (plain RNN)
