@@ -308,3 +308,17 @@ def test_orthonormalise_takes_a_rank_deficient_frame():
     V[..., 2] = 0.0  # a tangent the step killed: Cholesky fails, Householder goes on
     Q, r = orthonormalise(V)
     assert float(r[0, 2]) == 0.0 and torch.isfinite(Q).all()
+
+
+def test_tangents_in_smaller_calls_give_the_same_spectrum(dynamics_of, monkeypatch) -> None:
+    """A wide state pushes its tangents a few at a time (TANGENT_NUMBERS): the same exponents
+    and vectors as all at once, on a chaotic LSTM (×16, 2 layers)."""
+    from gatelens.analysis import spectrum
+
+    m, x = MODELS["lstm x16, 2 layers"](), onehot(2, 30, 5)
+    dyn = dynamics_of(m, x)
+    whole = lyapunov_spectrum(dyn, k=12, seed=1, burn_in=6, hidden=m.hidden_size)
+    monkeypatch.setattr(spectrum, "TANGENT_NUMBERS", 2 * dyn[0].size * 3)  # 3 a call
+    parts = lyapunov_spectrum(dyn, k=12, seed=1, burn_in=6, hidden=m.hidden_size)
+    assert np.abs(parts.per_window - whole.per_window).max() <= 1e-12
+    assert np.abs(parts.loadings - whole.loadings).max() <= 1e-12

@@ -47,7 +47,8 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Dynamics
 
 DEFAULT_K = 64  # exponents by default (all of them when the state is smaller)
-TANGENT_CHUNK = 128  # tangent vectors per vmap call: bounds the JVP's memory
+TANGENT_CHUNK = 128  # tangent vectors per vmap call: bounds the JVP's memory, as does
+TANGENT_NUMBERS = 1 << 22  # state numbers a call (5 tangents at 24 Mamba layers' 701k)
 AUTO = "auto"  # the default: DEFAULT_K exponents, capped by the cost rule at size
 SIZE_AT = 4096  # state dimensions above which the cost rule caps the spectrum's work
 TANGENT_BUDGET = 64  # at size: k × windows, the tangent trajectories the spectrum pushes
@@ -203,8 +204,7 @@ class StartFrames:
 
 def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
     """v ↦ J_t v for a frame (B, S, k), by forward-mode JVPs at the state ``prev``."""
-    # ``prev`` holds tensors of their own (Dynamics.previous), not views of the trajectory:
-    # forward AD on a view gives the whole base a tangent.
+    # ``prev``: tensors of their own (Dynamics.previous); jvp on a view tangents its base
     prev = tuple(prev)
     sizes = [p.shape[-1] for p in prev]
 
@@ -224,8 +224,8 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
         # place at out_dims=2; an exact zero from the tangents makes every part batched
         zero = 0.0 * tv[0].sum()
         return tuple(o + zero for o in out)
-
-    batched = torch.func.vmap(one, in_dims=2, out_dims=2, chunk_size=TANGENT_CHUNK)
+    chunk = max(1, min(TANGENT_CHUNK, TANGENT_NUMBERS // max(1, len(prev[0]) * sum(sizes))))
+    batched = torch.func.vmap(one, in_dims=2, out_dims=2, chunk_size=chunk)
 
     def push(Q: Tensor) -> Tensor:
         return torch.cat(batched(*Q.split(sizes, dim=1)), dim=1)  # (B, S, k)
@@ -235,10 +235,10 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
 def orthonormalise(V: Tensor) -> tuple[Tensor, Tensor]:
     """Q (B, S, k) with orthonormal columns and |R_ii| (B, k) of V = Q R.
 
-    CholeskyQR2: twice, R from the Cholesky factor of the Gram matrix VᵀV and Q = V R⁻¹, two
-    GEMMs a pass (2–3.5× faster than Householder at S = 58k–701k, k = 16–32 here, the same
-    |R_ii| to 1e-15); exact to float64 rounding while V's condition number is below ~1e7,
-    which the second pass's Gram matrix shows (within 0.1 of I); else Householder's QR.
+    CholeskyQR2: twice, R from the Cholesky factor of VᵀV and Q = V R⁻¹, two GEMMs a pass
+    (2–3× faster than Householder at S = 58k–701k, the same |R_ii| to 1e-15); exact to
+    float64 rounding while V's condition number is below ~1e7, which the second pass's Gram
+    matrix shows (within 0.1 of I); else Householder's QR.
 
     >>> Q, r = orthonormalise(torch.tensor([[[3.0, 1], [4, 2], [0, 2]]], dtype=torch.float64))
     >>> [round(float(x), 9) for x in r[0]], float((Q.mT @ Q - torch.eye(2)).abs().max()) < 1e-15
