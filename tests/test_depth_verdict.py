@@ -29,8 +29,7 @@ def _mamba(layers: int) -> torch.nn.Module:
     return m
 
 
-@pytest.fixture
-def wrong_last_layer(monkeypatch):
+def _off_in_the_last_layer(monkeypatch) -> None:
     """HF Mamba's read-out with the last layer's state off by 1e-3 relative."""
     step = HFMambaFamily.step_cell
 
@@ -41,6 +40,12 @@ def wrong_last_layer(monkeypatch):
         return sig, parts, y
 
     monkeypatch.setattr(HFMambaFamily, "step_cell", off)
+
+
+@pytest.fixture
+def wrong_last_layer(monkeypatch):
+    """HF Mamba's read-out with the last layer's state off by 1e-3 relative."""
+    _off_in_the_last_layer(monkeypatch)
 
 
 def test_float32_rounding_is_rejudged_in_float64(monkeypatch) -> None:
@@ -180,15 +185,7 @@ def test_the_rejudgement_holds_one_layer_at_a_time(kind, monkeypatch) -> None:
     # a correct read-out passes (transformers' RMSNorm rounds to float32 in a float64 copy)
     assert max(r.max_scaled_diff_h for r in streamed) < 1e-5
     if kind == "mamba":  # and a wrong last layer is as wrong either way
-        step = HFMambaFamily.step_cell
-
-        def off(self, k, m, u, parts, aux):
-            sig, parts, y = step(self, k, m, u, parts, aux)
-            if k == self.num_layers - 1:
-                parts = [parts[0], parts[1] * (1 + 1e-3)]
-            return sig, parts, y
-
-        monkeypatch.setattr(HFMambaFamily, "step_cell", off)
+        _off_in_the_last_layer(monkeypatch)
         fam = open_family(m)
         wrong = depth.one_step_float64(fam, fam.check(x))
         monkeypatch.setattr(depth, "streams", official_layers.streams)

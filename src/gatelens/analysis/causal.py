@@ -34,7 +34,7 @@ from torch import Tensor
 from gatelens.analysis.common import finite_or_none
 from gatelens.analysis.perturbation import LAGS, report_lags
 from gatelens.analysis.reach import OutputReach, kl_per_position
-from gatelens.analysis.split import Split, as_split
+from gatelens.analysis.split import Split, add_squares, as_split
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
@@ -144,12 +144,8 @@ def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,
         d = {"measured": cut[name].double() - clean[name].double(),  # the cut run's δs
              "uncut": part["measured"], "forget_path": part["forget_path"]}
         residual = max(residual, float((d["measured"] - d["forget_path"])[:, p:].abs().max()))
-        norms = {}
-        for key, v in d.items():
-            add = v[:, p:].square().sum(dim=-1)
-            sq[key] = add if key not in sq else sq[key] + add
-            norms[key] = add.sqrt()
-        out["curves"][k] = _curves(norms)
+        out["curves"][k] = _curves({key: add_squares(sq, key, v, p).sqrt()
+                                    for key, v in d.items()})
     out["curves"][None] = _curves({key: v.sqrt() for key, v in sq.items()})
     out["residual"] = residual
     out["scale"] = float(sq["forget_path"][:, 0].sqrt().max())

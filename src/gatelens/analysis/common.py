@@ -50,9 +50,7 @@ def pooled(trace: Trace, letter: str) -> Tensor:
     >>> float(pooled(bi, "z").sum()), tuple(pooled(bi, "z").shape)
     (0.0, (1, 2, 3))
     """
-    if trace.lengths is not None:
-        raise ValueError("the measurements need equal-length windows, not a packed sequence")
-    return torch.cat([trace[f"{layer_name(k)}.{letter}"] for k in range(trace.num_layers)], dim=-1)
+    return torch.cat(by_layer(trace, letter), dim=-1)
 
 
 def by_layer(trace: Trace, letter: str) -> list[Tensor]:

@@ -11,6 +11,7 @@ docs/methods.md.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import time
 from typing import Any
@@ -170,11 +171,20 @@ def _give_back() -> None:
     mmap threshold (up to 32 MiB) in its heap, where the next chunk's blocks do not always
     fit (5 % off an 8-layer mamba-130m-shaped model's peak over 4 windows). Elsewhere a
     no-op."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # musl, or no such symbol
-            pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, loaded once; None elsewhere (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:

@@ -38,7 +38,13 @@ import torch
 from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none, pooled
-from gatelens.analysis.split import Split, as_split, decompose, keep_at  # noqa: F401
+from gatelens.analysis.split import (  # noqa: F401 - decompose, keep_at re-exported
+    Split,
+    add_squares,
+    as_split,
+    decompose,
+    keep_at,
+)
 from gatelens.analysis.units import half_life
 from gatelens.families.spec import layer_name
 from gatelens.readout.trace_types import Trace
@@ -132,8 +138,7 @@ def decay_rows(trace: Trace, perturbed: Trace, position: int,
             gap = (part["measured"] - (part["forget_path"] + part["return_path"])).abs().max()
             residual = max(float(gap), residual or 0.0)
         for key, v in part.items():
-            add = v[:, position:].square().sum(dim=-1)
-            sq[key] = add if key not in sq else sq[key] + add
+            add_squares(sq, key, v, position)
     norms = {key: v.sqrt() for key, v in sq.items()}
     base = norms["measured"][:, 0]  # (B,): ‖δs_p‖ is the unit of every curve
     keep = base > 0

@@ -39,7 +39,7 @@ from torch import Tensor
 from gatelens.cells.names import layer_name
 from gatelens.readout.trace_types import Trace
 
-__all__ = ["Split", "as_split", "decompose", "keep_at"]
+__all__ = ["Split", "add_squares", "as_split", "decompose", "keep_at"]
 
 PATHS = ("measured", "forget_path", "return_path")
 
@@ -121,6 +121,14 @@ def as_split(split: Split | dict[str, Tensor] | None, trace: Trace, perturbed: T
     if isinstance(split, dict):
         return _Sliced(split, trace, position)
     return Split.of(trace, perturbed, position)
+
+
+def add_squares(sums: dict[str, Tensor], key: str, v: Tensor, p: int) -> Tensor:
+    """‖v_t‖² of one layer's piece v (B, T, S_k) at every lag from p, (B, T − p), added to
+    ``sums[key]`` (a pooled norm is the root of its layers' sums) and returned."""
+    add = v[:, p:].square().sum(dim=-1)
+    sums[key] = add if key not in sums else sums[key] + add
+    return add
 
 
 def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor] | None:

@@ -88,6 +88,7 @@ class HFFalconMambaFamily(HFMambaFamily):
     opens_what = ("transformers' FalconMambaModel / FalconMambaForCausalLM (Mamba-1 with "
                   "RMS norms on Δ, B and C)")
     recipe = None  # opened, not trained (hf-mamba trains the plain Mamba-1)
+    layers_apart = False  # its normed scan replays every layer together (``_recorded``)
 
     @classmethod
     def opens(cls, module: nn.Module) -> bool:

@@ -277,9 +277,13 @@ class HFMambaFamily(MambaCell):
                          f"out{k}": block.mixer.out_proj})
         return mods
 
+    #: ``trajectory_recorded`` is each layer's ``layer_recorded`` side by side, so a layer's
+    #: states can be replayed on their own (families/official_layers.py)
+    layers_apart = True
+
     def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
-        """The scan replayed on what each mixer's in_proj and x_proj returned (mamba1_scan),
-        its output before out_proj against the module's own (``step_vs_forward``)."""
+        """Each layer's ``layer_recorded``, and the largest gap of a replay's output against
+        the module's own (``step_vs_forward``)."""
         L = self.num_layers
         layers = [self.layer_recorded(rec, k) for k in range(L)]
         gap = (max(g[0] for _, _, g in layers), max(g[1] for _, _, g in layers))
@@ -287,8 +291,9 @@ class HFMambaFamily(MambaCell):
                 "output": output, "own": [o for _, o, _ in layers], "step_vs_forward": gap}
 
     def layer_recorded(self, rec: Recorder, k: int) -> tuple[list[Tensor], dict, tuple]:
-        """Layer k of ``trajectory_recorded``: its parts, its own signals, and its replay's
-        output against the module's scan (abs, scaled)."""
+        """Layer k of ``trajectory_recorded``: the scan replayed on what its mixer's in_proj
+        and x_proj returned (mamba1_scan): its parts, its own signals, and the replay's
+        output before out_proj against the module's scan (abs, scaled)."""
         mix = self.mixers(self.module)[k]
         x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # x, then the gate z
         sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True),

@@ -127,19 +127,12 @@ class HFMamba2Family(HFMambaFamily):
                          f"in{k}": block.mixer.in_proj, f"norm{k}": block.mixer.norm})
         return mods
 
-    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
-        """The package's own convolution on what in_proj returned, and its decode step's
-        recurrence replayed on it (mamba2_replay). The chunked scan of the forward holds no
-        per-token state; its output against the replay's is ``step_vs_forward``."""
-        L = self.num_layers
-        layers = [self.layer_recorded(rec, k) for k in range(L)]
-        gap = (max(g[0] for _, _, g in layers), max(g[1] for _, _, g in layers))
-        return {**rec.blocks(L), "parts": [p for p, _, _ in layers], "aux": [None] * L,
-                "output": output, "own": [o for _, o, _ in layers], "step_vs_forward": gap}
-
     def layer_recorded(self, rec: Recorder, k: int) -> tuple[list[Tensor], dict, tuple]:
-        """Layer k of ``trajectory_recorded``: its parts, its own signals, and the chunked
-        scan's output against the replay's (abs, scaled)."""
+        """Layer k of ``trajectory_recorded`` (HFMambaFamily's, built from this): the
+        package's own convolution on what in_proj returned and its decode step's recurrence
+        replayed on it (mamba2_replay): its parts, its own signals, and the chunked scan's
+        output against the replay's (abs, scaled). The chunked scan of the forward holds no
+        per-token state."""
         from transformers.models.mamba2 import modeling_mamba2 as hf
 
         mix = self.mixers(self.module)[k]

@@ -74,6 +74,7 @@ class OfficialFamily(Family, abc.ABC):
 
     #: what one unit is, in words (a channel, a (channel, state) pair, a head)
     units_name: str = "channel"
+    layers_apart: bool = False  # trajectory_recorded: each layer's layer_recorded(rec, k)
 
     @abc.abstractmethod
     def state_units(self, k: int) -> Tensor:
@@ -213,12 +214,13 @@ class OfficialFamily(Family, abc.ABC):
             tr = self.trajectory_recorded(rec, self._output_of(returned))
             return self._reference_of(call, tr, tr["output"])
 
-    def _reference_of(self, call: Call, tr: dict, output: Tensor) -> Reference:
-        """The Reference of a trajectory dict; ``output``: the module's own whole-sequence
-        forward's (the step path's output stays in ``extra["step_output"]``)."""
-        L, B = self.num_layers, call.batch
+    def _reference_of(self, call: Call, tr: dict, output: Tensor,
+                      layers: Sequence[int] | None = None) -> Reference:
+        """The Reference of a trajectory dict (of ``layers`` only, if given); ``output``: the
+        module's whole-sequence forward's (the step path's in ``extra["step_output"]``)."""
+        B = call.batch
         states, inputs, initial = {}, {}, {}
-        for k in range(L):
+        for k in range(self.num_layers) if layers is None else layers:
             s = self.state_of(k, tr["parts"][k])  # (B, T, S): a selection of the parts
             states[f"{layer_name(k)}.{self.spec.state}"] = s.to(call.inputs.dtype)
             states[f"{layer_name(k)}.y"] = tr["y"][k]
@@ -296,9 +298,8 @@ class OfficialFamily(Family, abc.ABC):
         return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1])
 
     def _link(self, k: int, m: nn.Module, ref: Reference) -> tuple[float, float]:
-        """Layer k's block around its cell against the module: pre(x_k) against the cell's
-        input u_k, post(x_k, y_k) against the block's output (and the top block's output
-        through ``final`` against the module's step-by-step output)."""
+        """Layer k's block around its cell against the module: pre(x_k) against u_k, post(x_k,
+        y_k) against the block's output (the top one's through ``final`` against the module's)."""
         with torch.no_grad():
             x, u = ref.extra["x"][k].double(), ref.inputs[layer_name(k)]
             y, xo = ref.states[f"{layer_name(k)}.y"].double(), ref.extra["xo"][k]
@@ -314,9 +315,8 @@ class OfficialFamily(Family, abc.ABC):
                 for k in range(self.num_layers)]
 
     def free_running(self, call: Call, ref: Reference) -> list[LayerDiff]:
-        if not hasattr(self, "scan_layer"):
-            return super().free_running(call, ref)
-        return [self._row(k, sig, ref) for k, sig in self._rerun_layers(call)]
+        return ([self._row(k, sig, ref) for k, sig in self._rerun_layers(call)]
+                if hasattr(self, "scan_layer") else super().free_running(call, ref))
 
     def rerun(self, call: Call) -> Readout:
         if hasattr(self, "scan_layer"):
@@ -359,8 +359,8 @@ class OfficialFamily(Family, abc.ABC):
     def _rerun_layers(self, call: Call) -> Iterator[tuple[int, dict[str, Tensor]]]:
         """``_rerun_by_layer``'s layers one by one, (k, signals by letter)."""
         m, dtype, B, T = self.float64(), call.inputs.dtype, call.batch, call.length
-        x = call.inputs.double()
         with torch.no_grad():
+            x = call.inputs.double()
             for k in range(self.num_layers):
                 sig, parts, y = self.scan_layer(k, m, self.pre(k, m, x))
                 flat = [p.reshape(B * T, -1) for p in parts]

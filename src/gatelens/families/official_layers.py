@@ -3,11 +3,12 @@
 The float64 re-judgement (readout/depth.py) judges a read-out against the module's own
 float64 forward. ``OfficialFamily.reference`` replays every layer's states at once: at 24
 layers of mamba-130m's shape that is 2.3 GB of float64 for one window of 128 tokens. A
-family whose recorded forward gives each layer's states on their own (``layer_recorded``,
-beside a ``trajectory_recorded`` built from it) is judged here instead: the forward runs once
-with its ``scan_modules`` recorded (each block's input and output, each mixer's projections:
-a few MB a layer), then each layer's states are replayed, its hand cell run on them, judged
-and dropped in turn. The rows are the ones ``one_step`` gives on the whole reference.
+family whose recorded forward gives each layer's states on their own (``layers_apart``: its
+``trajectory_recorded`` is each layer's ``layer_recorded``) is judged here instead: the
+forward runs once with its ``scan_modules`` recorded (each block's input and output, each
+mixer's projections: a few MB a layer), then each layer's states are replayed, its hand
+cell run on them, judged and dropped in turn. The rows are the ones ``one_step`` gives on
+the whole reference.
 
 >>> import torch, transformers as tf
 >>> from gatelens.families.registry import open_family
@@ -34,40 +35,39 @@ from gatelens.families.records import Recorder
 __all__ = ["one_step_by_layer", "read_layers", "streams"]
 
 
-def _owner(cls: type, name: str) -> type | None:
-    return next((c for c in cls.__mro__ if name in c.__dict__), None)
-
-
 def streams(fam: Any) -> bool:
-    """Whether ``fam`` gives each layer's recorded states on their own: a ``layer_recorded``
-    from the same class as its ``trajectory_recorded`` (a subclass that replays its layers
-    another way, e.g. FalconMamba's normed scan, does not) and its scan modules at hand."""
-    cls = type(fam)
-    owner = _owner(cls, "layer_recorded")
-    return (owner is not None and owner is _owner(cls, "trajectory_recorded")
-            and fam.scan_modules() is not None)
+    """Whether ``fam`` gives each layer's recorded states on their own (``layers_apart``:
+    its ``trajectory_recorded`` is each layer's ``layer_recorded``; FalconMamba's normed scan
+    replays every layer together) and its scan modules are at hand."""
+    return bool(getattr(fam, "layers_apart", False)) and fam.scan_modules() is not None
+
+
+def _recorded(fam: Any, call: Call) -> tuple[Recorder, dict]:
+    """One forward of the module on ``call`` with its ``scan_modules`` recorded, and the
+    trajectory dict's entries every layer shares (``Recorder.blocks``, the output)."""
+    with Recorder(fam.scan_modules()) as rec:
+        output = fam._forward(call)
+    L = fam.num_layers
+    return rec, {**rec.blocks(L), "aux": [None] * L, "output": output, "step_vs_forward": None}
+
+
+def _layer_reference(fam: Any, call: Call, rec: Recorder, shared: dict, k: int
+                     ) -> tuple[Reference, dict]:
+    """Layer k's Reference alone (``_reference_of``) and its own signals."""
+    parts, own, _ = fam.layer_recorded(rec, k)
+    tr = {**shared, "parts": {k: parts}}
+    return fam._reference_of(call, tr, shared["output"], [k]), own
 
 
 def one_step_by_layer(fam: Any, call: Call) -> list[LayerDiff]:
     """``fam.one_step(call, fam.reference(call))``, holding one layer's states at a time."""
-    L, B, m = fam.num_layers, call.batch, fam.float64()
+    m, rows = fam.float64(), []
     with torch.no_grad():
-        with Recorder(fam.scan_modules()) as rec:
-            output = fam._forward(call)
-        blocks = rec.blocks(L)
-        rows = []
-        for k in range(L):
-            parts, _, _ = fam.layer_recorded(rec, k)
-            name = layer_name(k)
-            ref = Reference(
-                states={f"{name}.{fam.spec.state}": fam.state_of(k, parts).to(call.inputs.dtype),
-                        f"{name}.y": blocks["y"][k]},
-                inputs={name: blocks["u"][k]}, initial={name: tuple(fam.initial_parts(k, B))},
-                output=output, final=None,
-                extra={"x": blocks["x"], "xo": blocks["xo"], "parts": {k: parts},
-                       "aux": [None] * L, "step_output": output})
+        rec, shared = _recorded(fam, call)
+        for k in range(fam.num_layers):
+            ref, _ = _layer_reference(fam, call, rec, shared, k)
             rows.append(fam._row(k, fam._read_layer(k, m, call, ref), ref, fam._link(k, m, ref)))
-            del parts, ref
+            del ref
     return rows
 
 
@@ -75,19 +75,18 @@ def read_layers(fam: Any, call: Call, names: list[str]) -> Readout:
     """The module's own signals ``names`` (``read_own``'s values), replaying only the layers
     they name from one recorded forward: a trace of one layer of a 24-layer Mamba-2 holds
     that layer's states, not the stack's (4.8 GB at mamba2-130m's width, B = 2, T = 128)."""
-    L, dtype = fam.num_layers, call.inputs.dtype
+    L = fam.num_layers
     wanted = sorted({k for k in range(L) for n in names if n.startswith(f"{layer_name(k)}.")})
+    signals = {}
     with torch.no_grad():
-        with Recorder(fam.scan_modules()) as rec:
-            fam._forward(call)
-        signals = {}
+        rec, shared = _recorded(fam, call)
         for k in wanted:
-            parts, own, _ = fam.layer_recorded(rec, k)
-            sig = {**own, fam.spec.state: fam.state_of(k, parts).to(dtype),
-                   "y": rec.stacked(f"mixer{k}", outputs=True)}
-            signals.update({f"{layer_name(k)}.{x}": sig[x] for x in fam.letters(k)
-                            if f"{layer_name(k)}.{x}" in names})
-            del parts, own, sig
+            ref, own = _layer_reference(fam, call, rec, shared, k)
+            for name in (f"{layer_name(k)}.{x}" for x in fam.letters(k)):
+                if name in names:  # read_own's rule: the module's own value, else its state
+                    letter = name.split(".")[-1]
+                    signals[name] = own[letter] if letter in own else ref.states[name]
+            del ref, own
     return Readout(signals=signals, meta={
         "method": "own", "family": fam.name, "layers_read": wanted,
         "state_units": [fam.state_units(k) for k in range(L)]})

@@ -148,8 +148,7 @@ def _perturbation(analysis: Analysis, rows: list[int], cap: int | None = None
     """
     p = int(analysis.perturb_pos)
     dec = analysis.decomposition
-    width = sum(int(analysis.trace[f"{layer_name(k)}.{analysis.trace.state_name}"].shape[-1])
-                for k in range(int(analysis.trace.num_layers)))
+    width = sum(_state_widths(analysis.trace))
     if dec is not None and (dec["measured"].shape[0] < len(rows)
                             or dec["measured"].shape[-1] != width):
         dec = None  # the analysis kept the split of fewer windows or units: δs alone
@@ -177,8 +176,14 @@ def _perturbation(analysis: Analysis, rows: list[int], cap: int | None = None
 def _widths(analysis: Analysis, layers: list[str], signals: list[str]) -> list[list[int]]:
     """Per layer: each shown signal's width, then the carried state's."""
     tr = analysis.trace
-    return [[int(tr[f"{ln}.{x}"].shape[-1]) for x in signals if f"{ln}.{x}" in tr]
-            + [int(tr[f"{ln}.{tr.state_name}"].shape[-1])] for ln in layers]
+    return [[int(tr[f"{ln}.{x}"].shape[-1]) for x in signals if f"{ln}.{x}" in tr] + [w]
+            for ln, w in zip(layers, _state_widths(tr), strict=True)]
+
+
+def _state_widths(trace: Any) -> list[int]:
+    """The carried state's width in each layer (the pooled state's pieces)."""
+    return [int(trace[f"{layer_name(k)}.{trace.state_name}"].shape[-1])
+            for k in range(int(trace.num_layers))]
 
 
 def _first_units(trace: Any, v: np.ndarray, cap: int | None) -> np.ndarray:
@@ -186,8 +191,7 @@ def _first_units(trace: Any, v: np.ndarray, cap: int | None) -> np.ndarray:
     ``cap`` (zeros where a layer has fewer), side by side."""
     if cap is None:
         return v
-    ends = np.cumsum([0] + [trace[f"{layer_name(k)}.{trace.state_name}"].shape[-1]
-                            for k in range(int(trace.num_layers))])
+    ends = np.cumsum([0, *_state_widths(trace)])
     out = np.zeros((*v.shape[:-1], cap * (len(ends) - 1)))
     for k in range(len(ends) - 1):
         w = min(cap, int(ends[k + 1] - ends[k]))
