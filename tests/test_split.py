@@ -13,7 +13,7 @@ from gatelens.analysis.causal import cut_rows
 from gatelens.analysis.common import pooled
 from gatelens.analysis.measure import encoder_runner, measure
 from gatelens.analysis.perturbation import decay_rows, perturb_windows
-from gatelens.analysis.split import Split, decompose
+from gatelens.analysis.split import Split, decompose, perturbed_letters, perturbed_part
 from gatelens.readout.trace import trace
 from gatelens.report.html_data import page_data
 
@@ -195,3 +195,69 @@ def test_an_analysis_with_cut_traces_writes_its_report(monkeypatch, tmp_path):
     assert json.loads(out.read_text())["units"]
     page = (out.parent / "report.html").read_text()
     assert f"the first {a.trace.meta['kept_units']} units of each layer drawn" in page
+
+
+def _mamba_traces(layers=2, B=3, T=20, p=6):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(3)
+    m = transformers.MambaModel(transformers.MambaConfig(
+        vocab_size=11, hidden_size=8, state_size=4, num_hidden_layers=layers, expand=2,
+        conv_kernel=3, use_cache=False)).eval()
+    ids = torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(4))
+    ids2 = perturb_windows(ids, p, 11, seed=2)
+    with torch.no_grad():
+        return trace(m, ids), trace(m, ids2), p
+
+
+def test_an_official_familys_return_path_is_its_write_difference():
+    """Mamba's write is read from its states, e_t = s_t − a_t ⊙ s_{t−1}: the split's input
+    term δs_t − a_t ⊙ δs_{t−1} (the clean keep alone) is the perturbed run's keep and write
+    against the clean run's, u_t = (a'_t − a_t) ⊙ s'_{t−1} + e'_t − e_t, written out here
+    from both runs' a; the perturbed run's a is not read."""
+    tr, tr2, p = _mamba_traces()
+    assert "a" not in perturbed_letters(tr) and perturbed_letters(tr) == {"s", "y"}
+    light = perturbed_part(tr2)
+    assert {n.split(".")[1] for n in light} == {"s", "y"} and "layer1.a" in tr2
+    split = Split.of(tr, light, p)
+    for k in range(2):
+        s, s2 = (t[f"layer{k}.s"].double() for t in (tr, tr2))
+        a, a2 = (t[f"layer{k}.a"].double() for t in (tr, tr2))
+        units = tr.meta.get("state_units")
+        assert units is None or torch.equal(units[k], torch.arange(s.shape[-1]))
+        prev = lambda v: torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], 1)  # noqa: E731
+        e, e2 = s - a * prev(s), s2 - a2 * prev(s2)
+        ret = torch.zeros_like(s)
+        for t in range(p + 1, s.shape[1]):
+            u = (a2[:, t] - a[:, t]) * s2[:, t - 1] + e2[:, t] - e[:, t]
+            ret[:, t] = a[:, t] * ret[:, t - 1] + u
+        got = split.layer(k)["return_path"]
+        scale = float((s2 - s).abs().max())
+        assert scale > 1e-5 and float((got - ret).abs().max()) <= 1e-12 * scale
+        assert float(got[:, p + 1 :].abs().max()) > 0.1 * scale  # a return path to see
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+def test_a_light_perturbed_trace_gives_the_same_split(cls):
+    """LSTM and GRU write through their gates: the perturbed trace keeps f, i, g (z, n)."""
+    tr, tr2, p = _traces(cls, scale=8.0)
+    light = perturbed_part(tr2)
+    assert len(light) < len(tr2)
+    a, b = Split.of(tr, tr2, p).whole(), Split.of(tr, light, p).whole()
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_an_analysis_keeps_the_perturbed_runs_states_and_outputs():
+    """``measure`` holds the perturbed run's trace as its measurements read it."""
+    transformers = pytest.importorskip("transformers")
+    import gatelens
+
+    torch.manual_seed(0)
+    m = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=13, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+        use_cache=False)).eval()
+    lens = gatelens.Lens(m, vocab=[chr(97 + i) for i in range(13)])
+    ids = torch.randint(0, 13, (2, 24), generator=torch.Generator().manual_seed(1))
+    (path,) = list(lens.families)[:1]
+    a = lens.measure(path, ids, [chr(97 + i) for i in range(13)], perturb_pos=6, exponents=0)
+    assert set(a.trace_perturbed) == {f"layer{k}.{n}" for k in range(2) for n in "sy"}
+    assert "layer1.a" in a.trace and a.perturbation.return_path is not None

@@ -32,6 +32,7 @@ from gatelens.analysis.result import (
     kept_for_page,
 )
 from gatelens.analysis.settings import AnalysisSettings, check_perturb_pos
+from gatelens.analysis.split import perturbed_part
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Reference
@@ -132,7 +133,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         t0 = time.perf_counter()
         cap, cap2 = runner(w), runner(wp)
         call, ref, tr = _read(fam, cap)
-        tr2 = _read(fam, cap2)[2]
+        tr2 = perturbed_part(_read(fam, cap2)[2])  # what its measurements read
         base_tr = None if base is None else _read(base[1], base[2](w))[2]
         part = Chunk(setup, b0, w, cap, cap2, call, ref, tr, tr2, base_tr)
         clock["trace"] += time.perf_counter() - t0
@@ -142,7 +143,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
             m.update(part)
             clock[m.stage] += time.perf_counter() - t0
         kept = kept or kept_for_page(tr, tr2)
-        del part, call, ref, cap, cap2
+        # a chunk's traces go before the next is read (24 Mamba layers: 1.2 GB a window)
+        del part, call, ref, cap, cap2, tr, tr2, base_tr
         _give_back()
         if progress and b0 == 0 and B > step:
             bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step))

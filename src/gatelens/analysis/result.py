@@ -115,7 +115,8 @@ class Analysis:
     perturbed: Tensor  # (B, T) the windows with x_p replaced
     perturb_pos: int
     trace: Trace  # the model on the first chunk's windows, as kept for the page
-    trace_perturbed: Trace  # ... on the perturbed windows (``kept_for_page``)
+    trace_perturbed: Trace  # ... on the perturbed windows: what the measurements read of it
+    # (analysis/split.py ``perturbed_letters``: the state and output; LSTM f, i, g; GRU z, n)
     verification: VerifyResult
     gates: GateDistributions
     units: UnitTimescales | None  # None: no keep gate (plain RNN)

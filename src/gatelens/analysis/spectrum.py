@@ -116,8 +116,7 @@ class LyapunovSpectrum:
 
     @property
     def mean_log_abs_det(self) -> float | None:
-        """mean ln |det J_t| over the same steps and windows, from the LU of J_t Q_{t−1}
-        (k = S only)."""
+        """mean ln |det J_t| over the same steps and windows, by LU of J_t Q_{t−1} (k = S)."""
         return None if self.log_det_per_window is None else float(np.mean(self.log_det_per_window))
 
     @property
@@ -186,8 +185,7 @@ class StartFrames:
         """The next ``n`` windows' orthonormal start frames of a direction, (n, S, k)."""
         a = self.done[direction]
         if a + n > self.windows:
-            raise GatelensError(f"the spectrum was set up for {self.windows} windows; "
-                                f"got {a + n}")
+            raise GatelensError(f"the spectrum was set up for {self.windows} windows; got {a + n}")
         self.done[direction] = a + n
         v = self.first[direction][a : a + n]  # (n, S)
         v = v / v.norm(dim=-1, keepdim=True)
@@ -219,9 +217,8 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
 
     def one(*tv: Tensor) -> tuple[Tensor, ...]:
         out = torch.func.jvp(f, prev, tv)[1]
-        # a part of the state no tangent reaches (one that reads only the input: RWKV's token
-        # shift in its first layer) comes back unbatched, which vmap (PyTorch 2.13) cannot
-        # place at out_dims=2; an exact zero from the tangents makes every part batched
+        # a part no tangent reaches (RWKV's first token shift) comes back unbatched, which
+        # vmap (2.13) cannot place at out_dims=2: an exact zero from the tangents batches it
         zero = 0.0 * tv[0].sum()
         return tuple(o + zero for o in out)
     chunk = max(1, min(TANGENT_CHUNK, TANGENT_NUMBERS // max(1, len(prev[0]) * sum(sizes))))
@@ -316,7 +313,8 @@ class SpectrumAccumulator:
         self.hidden = hidden
         self.starts: StartFrames | None = None
         self.names: list[str] = []
-        self.parts: list[list[tuple]] = []
+        self.parts: list[list[tuple]] = []  # per direction, each chunk's (B, k) rows
+        self.loadings: list = []  # per direction, Σ over windows (units, k): one, not one a window
         self.limit, self.taken, self.rule = 0, 0, None  # the cost rule's windows
 
     def update(self, dynamics: Sequence[Dynamics]) -> None:
@@ -336,6 +334,7 @@ class SpectrumAccumulator:
             sizes = [d.size for d in dynamics]
             self.starts = StartFrames(self.seed, B, sizes, max(self.ks))
             self.names, self.parts = [d.name for d in dynamics], [[] for _ in dynamics]
+            self.loadings = [0.0] * len(dynamics)
         if [d.name for d in dynamics] != self.names:
             raise GatelensError(f"directions changed between chunks: {self.names} then "
                                 f"{[d.name for d in dynamics]}")
@@ -354,7 +353,8 @@ class SpectrumAccumulator:
                 B = int(d.inputs.shape[0])
                 Q = self.starts.take(i, B)[:, :, : self.ks[i]].to(d.inputs.device)
                 out = _direction(d, Q, self.burn_in, self.n_units[i])
-                self.parts[i].append(tuple(None if t is None else t.cpu() for t in out))
+                self.parts[i].append(tuple(None if t is None else t.cpu() for t in out[:3]))
+                self.loadings[i] = self.loadings[i] + out[3].cpu()  # 24 Mamba layers: 90 MB
 
     def result(self) -> LyapunovSpectrum:
         """The spectrum of the direction with the larger λ_1; both in ``per_direction``."""
@@ -363,8 +363,8 @@ class SpectrumAccumulator:
         per = {}
         for i, name in enumerate(self.names):
             ex, ld, pr = (None if p[0] is None else torch.cat(p) for p in
-                          zip(*[c[:3] for c in self.parts[i]], strict=True))
-            w = sum(c[3] for c in self.parts[i]) / ex.shape[0]  # (units, k) mean over windows
+                          zip(*self.parts[i], strict=True))
+            w = self.loadings[i] / ex.shape[0]  # (units, k) mean over windows
             per[name] = LyapunovSpectrum(
                 exponents=ex.mean(0).numpy(), per_window=ex.numpy(), burn_in=self.burn_in,
                 size=int(self.starts.first[i].shape[1]), hidden=self.hidden,
