@@ -15,9 +15,13 @@ head for all of its d² + d memory entries (units: the heads). m enters only thr
 read-out and the dynamics take it from the module's own trajectory (``aux``), so it is no
 direction of the dynamics. The trace's i is the stabilised e^{ĩ − m'}.
 
-The module's own trajectory: the stack's ``step`` path (``mLSTMLayer.step``, whose memory
-starts at C = n = 0 with m = 0, as the package writes it); its parallel forward normalises by
-the row-wise maximum instead, so the two part where |qᵀ n| < e^{−m} (``step_vs_forward``).
+The module's own trajectory: its whole-sequence forward, the memory the package's own step
+function (``mLSTMCell.backend_fn_step``, whose memory starts at C = n = 0 with m = 0, as the
+package writes it) replayed on the q, k, v, ĩ, f̃ the forward formed
+(families/xlstm_stack_scan.py). The parallel forward normalises by the row-wise maximum,
+the step by m: the same in exact arithmetic but for where ε enters, so the two h part by
+rounding (``step_vs_forward``). The stack's ``step`` path is the tests' independent
+per-token reference.
 xlstm initialises the gate weights at zero: ``tiny_mlstm_stack`` randomises them.
 
 >>> import torch

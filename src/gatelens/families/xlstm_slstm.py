@@ -18,8 +18,10 @@ layout (its ``_recurrent_kernel_int2ext``: (heads, d, gates, d); ``_bias_int2ext
 gates, d)), which both backends share; ``to_vanilla`` converts a CUDA-backend stack's
 cells for the CPU.
 
-The module's own trajectory: the stack's ``step`` path (each layer's ``step``, the states
-passed along), run here block by block so each layer's input and output are kept.
+The module's own trajectory: its whole-sequence forward, each sLSTM layer's states from its
+own ``step`` on the inputs the forward gave it (families/xlstm_stack_scan.py); the stack's
+``step`` path (each layer's ``step``, the states passed along, ``_trajectory``) is the
+independent per-token reference the tests hold them against.
 
 >>> import torch
 >>> fam = XLSTMSLSTMFamily(tiny_slstm_stack())
@@ -43,6 +45,7 @@ from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, buffer_units
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import SIGMOID, TANH, CellSpec
+from gatelens.families.xlstm_stack_scan import XLSTMStackForward, _kind
 
 XLSTM_SLSTM = CellSpec(
     name="xlstm_slstm", kind="xlstm", chunks=("i", "f", "z", "o"),
@@ -96,10 +99,6 @@ SLSTM_RECIPE = Recipe(
 _STACK = ("xlstm.xlstm_block_stack", "xLSTMBlockStack")
 
 
-def _kind(block: nn.Module) -> str:
-    return type(block.xlstm).__name__  # "sLSTMLayer" or "mLSTMLayer"
-
-
 def tiny_slstm_stack(dim: int = 8, blocks: int = 1, heads: int = 2, conv: int = 2,
                      context: int = 32, ffn: bool = True) -> nn.Module:
     """A small random xLSTMBlockStack of sLSTM blocks on the vanilla backend, with R and
@@ -146,7 +145,7 @@ def to_vanilla(stack: nn.Module) -> nn.Module:
     return stack
 
 
-class XLSTMStack(StepEdits, OfficialFamily):
+class XLSTMStack(XLSTMStackForward, StepEdits, OfficialFamily):
     """An xLSTMBlockStack whose blocks are all of one kind (``kind``)."""
 
     kind = ""

@@ -1,0 +1,154 @@
+"""xlstm's block stacks (families/xlstm_slstm.py, xlstm_mlstm.py, xlstm_mixed.py) read from
+their own whole-sequence forward, as families/xlstm_scan.py reads transformers' xLSTM block.
+
+The stack runs its forward once, with hooks on each block and its layer (the trajectory's
+x, u, y, xo) and, in an mLSTM layer, on its convolution's input and its q, k, v and gate
+projections. Then, block by block:
+
+- an **mLSTM** block's memory is the package's own step function (``mLSTMCell.backend_fn_step``,
+  which ``mLSTMLayer.step`` calls) replayed along the window on the q, k, v, ĩ, f̃ the
+  forward formed, from the zero state its step path starts in, every state kept; the
+  parallel form (``parallel_stabilized_simple``) normalises as the step does in exact
+  arithmetic (max(|qᵀ n̄|, 1) on the raw scale) and places its ε elsewhere, so the
+  forward's h against the replay's is ``step_vs_forward``;
+- an **sLSTM** block's vanilla forward is itself a loop over the tokens that keeps its
+  states inside: its layer's own ``step`` runs on the inputs the block received in the
+  forward, one token a call (its y against the forward's in ``step_vs_forward``).
+
+Every layer's input and output and the stack's output are the forward's own; a stack of
+mLSTM blocks is traced with the signals the package computed (``read_own``), one with an
+sLSTM block by the hand cell. The step path of the whole stack (``_trajectory``) stays the
+independent per-token reference the tests hold these states against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from gatelens.families.records import Recorder, conv_buffer, scaled_diff
+
+__all__ = ["XLSTMStackForward"]
+
+MLSTM = "mLSTMLayer"
+
+
+def _kind(block: nn.Module) -> str:
+    return type(block.xlstm).__name__  # "sLSTMLayer" or "mLSTMLayer"
+
+
+class XLSTMStackForward:
+    """``scan_modules`` and ``trajectory_recorded`` of an xlstm block stack, on its
+    ``module`` (the xLSTMBlockStack), ``num_layers`` and ``_step_state``."""
+
+    def scan_modules(self) -> dict[str, nn.Module]:
+        """Each block and its layer; an mLSTM layer's convolution (xlstm builds none
+        without one), projections and gates."""
+        mods: dict[str, nn.Module] = {}
+        for k, block in enumerate(self.module.blocks):
+            layer = block.xlstm
+            mods.update({f"block{k}": block, f"mixer{k}": layer})
+            if _kind(block) == MLSTM:
+                cell = layer.mlstm_cell
+                mods.update({f"conv{k}": layer.conv1d, f"q{k}": layer.q_proj,
+                             f"k{k}": layer.k_proj, f"v{k}": layer.v_proj,
+                             f"ig{k}": cell.igate, f"fg{k}": cell.fgate, f"cell{k}": cell})
+        return mods
+
+    def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
+        seq = rec.blocks(self.num_layers)
+        mlstm = self._mlstm_states(rec)
+        parts, aux, gaps, own = [], [], [], []
+        for k, block in enumerate(self.module.blocks):
+            if k in mlstm:
+                p, m, gap, mine = mlstm[k]
+            else:
+                p, m, gap = self._layer_stepped(k, block.xlstm, seq["u"][k], seq["y"][k])
+                mine = None  # an sLSTM's gates stay inside its cell's step: the hand cell's
+            parts.append(p)
+            aux.append(m)
+            gaps.append(gap)
+            own.append(mine)
+        worst = (max(g[0] for g in gaps), max(g[1] for g in gaps))
+        return {**seq, "parts": parts, "aux": aux, "output": output, "step_vs_forward": worst,
+                "own": None if None in own else own}
+
+    @torch.no_grad()
+    def _mlstm_states(self, rec: Recorder) -> dict[int, tuple]:
+        """Each mLSTM block k's parts (its convolution buffer, C̄ = e^m C, n̄ = e^m n) and
+        its m after every step, (B, T, ·) float64, by the package's step function on what
+        the forward formed; the forward's h against the replay's; and the signals as the
+        package computed them (``read_own``'s: the stabilised i = e^{ĩ − m'}, f = σ(f̃), h).
+        Blocks that share one step function are replayed together, one call a token."""
+        groups: dict = {}
+        for k, block in enumerate(self.module.blocks):
+            if _kind(block) == MLSTM:
+                groups.setdefault(block.xlstm.mlstm_cell.backend_fn_step, []).append(k)
+        out = {}
+        for step, ks in groups.items():
+            got = [rec.stacked(f"{n}{k}", outputs=True) for k in ks
+                   for n in ("q", "k", "v", "ig", "fg")]
+            q, key, v, i, f = (torch.cat(got[j::5]) for j in range(5))  # blocks on the batch
+            NH = int(self.module.blocks[ks[0]].xlstm.mlstm_cell.config.num_heads)
+            h, C, N, M = _replay(step, NH, q, key, v, i, f)
+            B = q.shape[0] // len(ks)
+            for j, k in enumerate(ks):
+                at = slice(j * B, (j + 1) * B)
+                out[k] = self._mlstm_block(k, rec, h[at], C[at], N[at], M[at], i[at], f[at])
+        return out
+
+    def _mlstm_block(self, k: int, rec: Recorder, h: Tensor, C: Tensor, N: Tensor, M: Tensor,
+                     i: Tensor, f: Tensor) -> tuple:
+        """``_mlstm_states``'s figures of block k from its replayed h, C, n, m."""
+        layer = self.module.blocks[k].xlstm
+        B, T = M.shape[:2]
+        scale = torch.exp(M.double())  # (B, T, NH): the raw scale, as _step_state reads it
+        parts = [conv_buffer(rec.stacked(f"conv{k}"), int(layer.config.conv1d_kernel_size))
+                 .double(), (C.double() * scale[..., None, None]).reshape(B, T, -1),
+                 (N.double() * scale[..., None]).reshape(B, T, -1)]
+        own_h = layer.mlstm_cell.outnorm(h).transpose(1, 2).reshape(B, T, -1)
+        mine = {"i": torch.exp(i - M), "f": torch.sigmoid(f), "h": own_h}
+        mine["kappa"] = mine["f"]  # a mixed stack's keep letter
+        return (parts, M.double(), scaled_diff(own_h, rec.stacked(f"cell{k}", outputs=True)),
+                mine)
+
+    @torch.no_grad()
+    def _layer_stepped(self, k: int, layer: nn.Module, u: Tensor, y: Tensor
+                       ) -> tuple[list[Tensor], Tensor, tuple[float, float]]:
+        """Block k's parts and stabiliser after every step from its layer's own ``step`` on
+        the inputs ``u`` the forward gave it; and the forward's output ``y`` against it."""
+        B, T = u.shape[:2]
+        state: dict = {}
+        ys, steps = [], []
+        for t in range(T):
+            out, state = layer.step(u[:, t : t + 1], **state)
+            ys.append(out)
+            steps.append([p.double().clone() for p in self._step_state(k, state, B)])
+        parts = [torch.stack([s[j] for s in steps], dim=1) for j in range(len(steps[0]))]
+        m = parts.pop()  # each family puts m last
+        return parts, m, scaled_diff(torch.cat(ys, dim=1), y)
+
+
+@torch.no_grad()
+def _replay(step: Callable, NH: int, q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """xlstm's mLSTM step function ``step`` along the window from the zero state its step
+    path starts in, every state kept: q, k, v (B, T, NH·d) and ĩ, f̃ (B, T, NH) as the layer
+    formed them. Returns h̃ (B, NH, T, d) and the stabilised C (B, T, NH, d, d), n (B, T,
+    NH, d) and m (B, T, NH) after every step."""
+    B, T, D = q.shape
+    d = D // NH
+    q, k, v = (x.reshape(B, T, NH, d).transpose(1, 2) for x in (q, k, v))  # (B, NH, T, d)
+    i, f = (g.transpose(1, 2)[..., None] for g in (i, f))  # (B, NH, T, 1)
+    c, n, m = q.new_zeros(B, NH, d, d), q.new_zeros(B, NH, d, 1), q.new_zeros(B, NH, 1, 1)
+    C, N, M = c.new_empty(B, T, NH, d, d), n.new_empty(B, T, NH, d), m.new_empty(B, T, NH)
+    h = q.new_empty(B, NH, T, d)
+    for t in range(T):
+        at = slice(t, t + 1)
+        h[:, :, at], (c, n, m) = step(c_state=c, n_state=n, m_state=m, q=q[:, :, at],
+                                      k=k[:, :, at], v=v[:, :, at], igate_preact=i[:, :, at],
+                                      fgate_preact=f[:, :, at])
+        C[:, t], N[:, t], M[:, t] = c, n[..., 0], m[..., 0, 0]
+    return h, C, N, M
