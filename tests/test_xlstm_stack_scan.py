@@ -109,3 +109,16 @@ def test_open_cells_reads_the_users_own_forward():
     assert len(runs) == 1
     for k in range(fam.num_layers):
         assert torch.equal(cache[f"layer{k}.s"], want[f"layer{k}.s"])
+
+
+@pytest.mark.parametrize("kind", ["mlstm", "mixed"])
+def test_an_mlstm_stack_is_traced_with_the_packages_own_signals(kind):
+    """A stack of mLSTM blocks: every signal as the package computed it (``read_own``),
+    within float32 rounding of the float64 hand cell's; with an sLSTM block, the hand cell."""
+    fam = _family(kind)
+    x = _call(fam).inputs
+    own, hand = gatelens.trace(fam.module, x), gatelens.trace(fam.module, x, method="anchored")
+    assert own.meta["method"] == ("own" if kind == "mlstm" else "anchored")
+    assert hand.meta["method"] == "anchored" and list(own) == list(hand)
+    for n in own:
+        assert scaled_diff(own[n], hand[n])[1] < 1e-5, n
