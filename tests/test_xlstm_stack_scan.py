@@ -57,14 +57,16 @@ def test_the_forward_read_is_the_step_path_to_rounding(kind):
         for key in ("x", "u", "y", "xo"):
             assert scaled_diff(read[key][k], step[key][k])[1] < 1e-5
     assert torch.equal(read["output"], own)  # the module's own forward, not a re-run
-    assert 0 <= read["step_vs_forward"][1] < 1e-5
+    gap = read["step_vs_forward"]  # the mLSTM blocks' h (an sLSTM cell's is its own loop)
+    assert gap is None if kind == "slstm" else 0 <= gap[1] < 1e-5
     ref = fam.reference(call)
     assert max(d.max_scaled_diff_h for d in fam.one_step(call, ref)) < 1e-5
 
 
-def test_the_stack_runs_once_and_no_block_steps_its_mlstm():
-    """The reference of a stack of mLSTM blocks is one forward: no layer's ``step`` runs."""
-    fam = _family("mlstm")
+@pytest.mark.parametrize("kind", ["mlstm", "slstm", "mixed"])
+def test_the_stack_runs_once_and_no_block_is_stepped(kind):
+    """The reference is one forward of the stack: no layer's ``step`` runs."""
+    fam = _family(kind)
     calls = {"forward": 0, "step": 0}
     stack = fam.module
     stack.register_forward_hook(lambda *a: calls.__setitem__("forward", calls["forward"] + 1))
@@ -112,13 +114,22 @@ def test_open_cells_reads_the_users_own_forward():
 
 
 @pytest.mark.parametrize("kind", ["mlstm", "mixed"])
-def test_an_mlstm_stack_is_traced_with_the_packages_own_signals(kind):
-    """A stack of mLSTM blocks: every signal as the package computed it (``read_own``),
-    within float32 rounding of the float64 hand cell's; with an sLSTM block, the hand cell."""
+def test_mlstm_blocks_are_traced_with_the_packages_own_signals(kind):
+    """Every mLSTM block's signals as the package computed them (``read_own``), within
+    float32 rounding of the float64 hand cell's; an sLSTM block's by the hand cell (its gates
+    stay inside its cell's step), named in the trace, and refused by ``method="own"``."""
     fam = _family(kind)
     x = _call(fam).inputs
     own, hand = gatelens.trace(fam.module, x), gatelens.trace(fam.module, x, method="anchored")
-    assert own.meta["method"] == ("own" if kind == "mlstm" else "anchored")
-    assert hand.meta["method"] == "anchored" and list(own) == list(hand)
+    assert own.meta["method"] == "own" and hand.meta["method"] == "anchored"
+    assert own.meta.get("hand_cell_layers") == (None if kind == "mlstm" else [1])
+    assert list(own) == list(hand)
     for n in own:
         assert scaled_diff(own[n], hand[n])[1] < 1e-5, n
+        if kind == "mixed" and n.startswith("layer1."):  # the sLSTM block: the hand cell's
+            assert torch.equal(own[n], hand[n])
+    if kind == "mixed":
+        with pytest.raises(ValueError, match=r"for layers \[1\]"):
+            gatelens.trace(fam.module, x, method="own")
+    else:
+        assert gatelens.trace(fam.module, x, method="own").meta["method"] == "own"

@@ -19,9 +19,10 @@ gates, d)), which both backends share; ``to_vanilla`` converts a CUDA-backend st
 cells for the CPU.
 
 The module's own trajectory: its whole-sequence forward, each sLSTM layer's states from its
-own ``step`` on the inputs the forward gave it (families/xlstm_stack_scan.py); the stack's
-``step`` path (each layer's ``step``, the states passed along, ``_trajectory``) is the
-independent per-token reference the tests hold them against.
+cell's own loop run again on the gates' projections the forward formed
+(families/xlstm_stack_scan.py); the stack's ``step`` path (each layer's ``step``, the states
+passed along, ``_trajectory``) is the independent per-token reference the tests hold them
+against.
 
 >>> import torch
 >>> fam = XLSTMSLSTMFamily(tiny_slstm_stack())

@@ -12,12 +12,13 @@ projections. Then, block by block:
   arithmetic (max(|qᵀ n̄|, 1) on the raw scale) and places its ε elsewhere, so the
   forward's h against the replay's is ``step_vs_forward``;
 - an **sLSTM** block's vanilla forward is itself a loop over the tokens that keeps its
-  states inside: its layer's own ``step`` runs on the inputs the block received in the
-  forward, one token a call (its y against the forward's in ``step_vs_forward``).
+  states inside (``sLSTMCell._impl``): that loop runs again on the gates' projections the
+  forward handed the cell, every state kept (its forward's own computation: no second
+  path to compare, so ``step_vs_forward`` is the mLSTM blocks' alone).
 
-Every layer's input and output and the stack's output are the forward's own; a stack of
-mLSTM blocks is traced with the signals the package computed (``read_own``), one with an
-sLSTM block by the hand cell. The step path of the whole stack (``_trajectory``) stays the
+Every layer's input and output and the stack's output are the forward's own; an mLSTM
+block is traced with the signals the package computed (``read_own``), an sLSTM block by the
+hand cell on its own state at t − 1. The step path of the whole stack (``_trajectory``) stays the
 independent per-token reference the tests hold these states against.
 """
 
@@ -28,6 +29,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from gatelens.cells.names import layer_name
+from gatelens.families.base import Call, Readout, Reference
 from gatelens.families.records import Recorder, conv_buffer, scaled_diff
 
 __all__ = ["XLSTMStackForward"]
@@ -50,7 +53,9 @@ class XLSTMStackForward:
         for k, block in enumerate(self.module.blocks):
             layer = block.xlstm
             mods.update({f"block{k}": block, f"mixer{k}": layer})
-            if _kind(block) == MLSTM:
+            if _kind(block) != MLSTM:
+                mods[f"scell{k}"] = layer.slstm_cell  # its input: the gates' projections
+            else:
                 cell = layer.mlstm_cell
                 mods.update({f"conv{k}": layer.conv1d, f"q{k}": layer.q_proj,
                              f"k{k}": layer.k_proj, f"v{k}": layer.v_proj,
@@ -65,15 +70,38 @@ class XLSTMStackForward:
             if k in mlstm:
                 p, m, gap, mine = mlstm[k]
             else:
-                p, m, gap = self._layer_stepped(k, block.xlstm, seq["u"][k], seq["y"][k])
-                mine = None  # an sLSTM's gates stay inside its cell's step: the hand cell's
+                p, m = self._slstm_states(k, block.xlstm, rec, seq["u"][k])
+                gap, mine = None, None  # its cell's own loop: no second path; gates inside
             parts.append(p)
             aux.append(m)
             gaps.append(gap)
             own.append(mine)
-        worst = (max(g[0] for g in gaps), max(g[1] for g in gaps))
+        gaps = [g for g in gaps if g is not None]
+        worst = (max(g[0] for g in gaps), max(g[1] for g in gaps)) if gaps else None
         return {**seq, "parts": parts, "aux": aux, "output": output, "step_vs_forward": worst,
-                "own": None if None in own else own}
+                "own": own}
+
+    def read_own(self, call: Call, ref: Reference) -> Readout | None:
+        """Each mLSTM block's signals as the package computed them; an sLSTM block's, whose
+        gates stay inside its cell's step, by the hand cell on its own state at t − 1
+        (the anchored read of that layer), named in ``meta["hand_cell_layers"]``."""
+        own = ref.extra.get("own")
+        if own is None:
+            return None
+        signals, hand, m64 = {}, [], None
+        for k in range(self.num_layers):
+            if own[k] is None:
+                m64 = self.float64() if m64 is None else m64
+                got = self._read_layer(k, m64, call, ref)
+                hand.append(k)
+            else:
+                got = {x: own[k][x] if x in own[k] else ref.states[f"{layer_name(k)}.{x}"]
+                       for x in self.letters(k)}
+            signals.update({f"{layer_name(k)}.{x}": v for x, v in got.items()})
+        units = [self.state_units(k) for k in range(self.num_layers)]
+        return Readout(signals=signals, meta={"method": "own", "family": self.name,
+                                              "state_units": units,
+                                              **({"hand_cell_layers": hand} if hand else {})})
 
     @torch.no_grad()
     def _mlstm_states(self, rec: Recorder) -> dict[int, tuple]:
@@ -115,21 +143,19 @@ class XLSTMStackForward:
                 mine)
 
     @torch.no_grad()
-    def _layer_stepped(self, k: int, layer: nn.Module, u: Tensor, y: Tensor
-                       ) -> tuple[list[Tensor], Tensor, tuple[float, float]]:
-        """Block k's parts and stabiliser after every step from its layer's own ``step`` on
-        the inputs ``u`` the forward gave it; and the forward's output ``y`` against it."""
-        B, T = u.shape[:2]
-        state: dict = {}
-        ys, steps = [], []
-        for t in range(T):
-            out, state = layer.step(u[:, t : t + 1], **state)
-            ys.append(out)
-            steps.append([p.double().clone() for p in self._step_state(k, state, B)])
-        parts = [torch.stack([s[j] for s in steps], dim=1) for j in range(len(steps[0]))]
-        m = parts.pop()  # each family puts m last
-        return parts, m, scaled_diff(torch.cat(ys, dim=1), y)
-
+    def _slstm_states(self, k: int, layer: nn.Module, rec: Recorder, u: Tensor
+                      ) -> tuple[list[Tensor], Tensor]:
+        """Block k's parts (its convolution buffer, h, s = c/n, ℓ = m + ln n) and its m after
+        every step, (B, T, ·) float64: its vanilla cell's own loop (``_impl``, what its
+        forward runs) on the gates' projections the forward handed it, every state kept,
+        read as ``_step_state`` reads its step path's."""
+        cell = layer.slstm_cell
+        x = cell._permute_input(rec.stacked(f"scell{k}"))
+        states = cell._impl(False, x, cell._get_state(x, None))  # (4, T + 1, B, H)
+        h, c, n, m = (v.transpose(0, 1) for v in states[:, 1:])  # (B, T, H) each
+        K = int(layer.config.conv1d_kernel_size)
+        buf = [conv_buffer(u, K).double()] if K > 0 else []
+        return buf + [h.double(), (c / n).double(), (m + torch.log(n)).double()], m.double()
 
 @torch.no_grad()
 def _replay(step: Callable, NH: int, q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor

@@ -111,9 +111,11 @@ def own_or_anchored(fam: Family, call: Call, ref: Reference, method: str | None 
     else the anchored hand cell (``Family.read``); ``method`` "anchored" always the hand cell,
     "own" never (a family that cannot is refused in one line)."""
     ro = None if method == "anchored" else fam.read_own(call, ref)
-    if ro is None and method == "own":
+    hand = None if ro is None else ro.meta.get("hand_cell_layers")
+    if (ro is None or hand) and method == "own":
+        which = f"for layers {hand}" if hand else ""
         raise ValueError(f"method='own' reads the module's own gates from its forward, which "
-                         f"the {fam.name} family does not; use 'anchored'")
+                         f"the {fam.name} family does not{which and ' ' + which}; use 'anchored'")
     return fam.read(call, ref) if ro is None else ro
 
 
