@@ -43,7 +43,7 @@ def _kind(block: nn.Module) -> str:
 
 
 class XLSTMStackForward:
-    """``scan_modules`` and ``trajectory_recorded`` of an xlstm block stack, on its
+    """``scan_modules``, ``trajectory_recorded`` and ``read_own`` of an xlstm block stack, on its
     ``module`` (the xLSTMBlockStack), ``num_layers`` and ``_step_state``."""
 
     def scan_modules(self) -> dict[str, nn.Module]:

@@ -113,9 +113,9 @@ def own_or_anchored(fam: Family, call: Call, ref: Reference, method: str | None 
     ro = None if method == "anchored" else fam.read_own(call, ref)
     hand = None if ro is None else ro.meta.get("hand_cell_layers")
     if (ro is None or hand) and method == "own":
-        which = f"for layers {hand}" if hand else ""
+        which = f" for layers {hand}" if hand else ""
         raise ValueError(f"method='own' reads the module's own gates from its forward, which "
-                         f"the {fam.name} family does not{which and ' ' + which}; use 'anchored'")
+                         f"the {fam.name} family does not{which}; use 'anchored'")
     return fam.read(call, ref) if ro is None else ro
 
 
