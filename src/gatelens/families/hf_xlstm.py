@@ -124,7 +124,8 @@ def head_scaled_diff(got: Tensor, ref: Tensor, units: Tensor,
     0.0001
     """
     diff = (got.double() - ref.double()).abs()
-    top = (ref if over is None else over).double().abs().amax(dim=1)  # (B, S)
+    # |·| and max are exact in any dtype: reduced first, converted after (the same numbers)
+    top = (ref if over is None else over).abs().amax(dim=1).double()  # (B, S)
     idx = units.to(top.device).expand_as(top)
     per_unit = top.new_zeros(top.shape[0], int(units.max()) + 1).scatter_reduce(
         1, idx, top, reduce="amax")
