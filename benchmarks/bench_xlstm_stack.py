@@ -40,7 +40,6 @@ def main() -> None:
               "xlstm-slstm": tiny_slstm_stack(**common),
               "xlstm-mixed": tiny_mixed_stack(**common, slstm_at=(1,))}
     x = torch.randn(2, a.length, a.dim, generator=torch.Generator().manual_seed(0))
-    own = XLSTMStack.scan_modules
     for name, stack in stacks.items():
         stack.eval()
         with torch.no_grad():
@@ -50,7 +49,7 @@ def main() -> None:
         try:
             stepped = best_cpu(lambda s=stack: gatelens.trace(s, x), a.repeats)
         finally:
-            XLSTMStack.scan_modules = own
+            del XLSTMStack.scan_modules  # the forward read's own again
         print(json.dumps({"stack": name, "dim": a.dim, "heads": a.heads, "length": a.length,
                           "forward_s": round(forward, 4),
                           "trace_x": round(read / forward, 2),

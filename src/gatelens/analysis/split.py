@@ -76,17 +76,13 @@ class Split:
         measured[:, :p] = 0.0
         forget, ret = torch.zeros_like(measured), torch.zeros_like(measured)
         forget[:, p] = measured[:, p]
-        if tr.spec.keep_operator is not None:  # the delta rule: A_t acts on a head's matrix
+        operator = tr.spec.keep_operator is not None  # the delta rule: A_t on a head's matrix
+        f = None if operator else _keep_of(tr, k).double()  # (B, T, S_k)
+        if operator or _written(tr):  # the write from the states: u_t = δs_t − A_t(δs_{t−1})
             for t in range(p + 1, s.shape[1]):
-                A = _operator(tr, k, t)
+                A = _operator(tr, k, t) if operator else f[:, t].mul
                 forget[:, t] = A(forget[:, t - 1])
                 ret[:, t] = A(ret[:, t - 1]) + measured[:, t] - A(measured[:, t - 1])
-            return {"measured": measured, "forget_path": forget, "return_path": ret}
-        f = _keep_of(tr, k).double()  # (B, T, S_k)
-        if _written(tr):  # e_t = s_t − a_t ⊙ s_{t−1} in each run: u_t = δs_t − f_t ⊙ δs_{t−1}
-            for t in range(p + 1, s.shape[1]):
-                forget[:, t] = f[:, t] * forget[:, t - 1]
-                ret[:, t] = f[:, t] * ret[:, t - 1] + measured[:, t] - f[:, t] * measured[:, t - 1]
             return {"measured": measured, "forget_path": forget, "return_path": ret}
         f2 = _keep_of(pt, k).double()
         entry, entry2 = _entries(tr, pt, k, f, f2)

@@ -21,8 +21,8 @@ the trajectory's state at t − 1, all steps at once), the one-step check (state
 every link between layers against the module's own values, judged on the unit's scale as
 ``verify_modern``), the free-running re-run and the float64 dynamics of the whole stack.
 
-What the module's own run is recorded with and judged by (``Recorder``, ``scaled_diff``,
-the convolution buffers) lives in families/records.py.
+How the module's own run is recorded and judged (``Recorder``, ``scaled_diff``, the
+convolution buffers): families/records.py.
 """
 
 from __future__ import annotations
@@ -93,9 +93,8 @@ class OfficialFamily(Family, abc.ABC):
 
     def _forward_trajectory(self, call: Call) -> dict | None:
         """The same dict as ``_trajectory``, its states read from ONE whole-sequence forward
-        (families/forward_scan.py), with "step_vs_forward": (abs, scaled) of the module's
-        own output of the scan against the replayed step path; None where the family reads
-        its states from the decode path (the default: no ``scan_modules``)."""
+        (families/forward_scan.py), with "step_vs_forward": (abs, scaled) of the scan's own
+        output against the replayed step path; None without ``scan_modules``."""
         mods = self.scan_modules()
         if mods is None:
             return None
@@ -104,9 +103,8 @@ class OfficialFamily(Family, abc.ABC):
         return self.trajectory_recorded(rec, output)
 
     def scan_modules(self) -> dict[str, nn.Module] | None:
-        """The submodules whose first argument and output, recorded during one
-        whole-sequence forward, give the whole trajectory (``trajectory_recorded``); None
-        where the family reads its states from the decode path."""
+        """The submodules whose first argument and output in one whole-sequence forward give
+        the whole trajectory (``trajectory_recorded``); None: read from the decode path."""
         return None
 
     def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
@@ -267,18 +265,20 @@ class OfficialFamily(Family, abc.ABC):
     def read_own(self, call: Call, ref: Reference) -> Readout | None:
         """Every signal as the module itself computed it, where its states were read from its
         own forward with the gates it formed (``_forward_trajectory``'s "own": Δ and the
-        keep a in the module's dtype; s and y its own): no hand cell runs. None otherwise."""
+        keep a in the module's dtype; s and y its own): no hand cell runs but on a layer whose
+        "own" is None (an sLSTM's gates stay inside its loop: ``meta["hand_cell_layers"]``)."""
         own = ref.extra.get("own")
         if own is None:
             return None
-        signals = {}
+        signals, hand = {}, [k for k, mine in enumerate(own) if mine is None]
         for k in range(self.num_layers):
+            mine = self._read_layer(k, self.float64(), call, ref) if k in hand else own[k]
             for letter in self.letters(k):
                 name = f"{layer_name(k)}.{letter}"
-                signals[name] = own[k][letter] if letter in own[k] else ref.states[name]
-        units = [self.state_units(k) for k in range(self.num_layers)]
-        return Readout(signals=signals, meta={"method": "own", "family": self.name,
-                                              "state_units": units})
+                signals[name] = mine[letter] if letter in mine else ref.states[name]
+        meta = {"method": "own", "family": self.name,
+                "state_units": [self.state_units(k) for k in range(self.num_layers)]}
+        return Readout(signals=signals, meta={**meta, "hand_cell_layers": hand} if hand else meta)
 
     def judge(self, readout: Readout, ref: Reference) -> list[LayerDiff]:
         return [self._row(k, {letter: readout.signals[f"{layer_name(k)}.{letter}"]

@@ -29,8 +29,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from gatelens.cells.names import layer_name
-from gatelens.families.base import Call, Readout, Reference
 from gatelens.families.records import Recorder, conv_buffer, scaled_diff
 
 __all__ = ["XLSTMStackForward"]
@@ -43,8 +41,9 @@ def _kind(block: nn.Module) -> str:
 
 
 class XLSTMStackForward:
-    """``scan_modules``, ``trajectory_recorded`` and ``read_own`` of an xlstm block stack, on its
-    ``module`` (the xLSTMBlockStack), ``num_layers`` and ``_step_state``."""
+    """``scan_modules`` and ``trajectory_recorded`` of an xlstm block stack, on its
+    ``module`` (the xLSTMBlockStack) and ``num_layers`` (an sLSTM block gives no "own":
+    ``OfficialFamily.read_own`` reads it by the hand cell)."""
 
     def scan_modules(self) -> dict[str, nn.Module]:
         """Each block and its layer; an mLSTM layer's convolution (xlstm builds none
@@ -69,39 +68,16 @@ class XLSTMStackForward:
         for k, block in enumerate(self.module.blocks):
             if k in mlstm:
                 p, m, gap, mine = mlstm[k]
-            else:
+                gaps.append(gap)
+            else:  # its cell's own loop: no second path to compare; its gates stay inside
                 p, m = self._slstm_states(k, block.xlstm, rec, seq["u"][k])
-                gap, mine = None, None  # its cell's own loop: no second path; gates inside
+                mine = None
             parts.append(p)
             aux.append(m)
-            gaps.append(gap)
             own.append(mine)
-        gaps = [g for g in gaps if g is not None]
         worst = (max(g[0] for g in gaps), max(g[1] for g in gaps)) if gaps else None
         return {**seq, "parts": parts, "aux": aux, "output": output, "step_vs_forward": worst,
                 "own": own}
-
-    def read_own(self, call: Call, ref: Reference) -> Readout | None:
-        """Each mLSTM block's signals as the package computed them; an sLSTM block's, whose
-        gates stay inside its cell's step, by the hand cell on its own state at t − 1
-        (the anchored read of that layer), named in ``meta["hand_cell_layers"]``."""
-        own = ref.extra.get("own")
-        if own is None:
-            return None
-        signals, hand, m64 = {}, [], None
-        for k in range(self.num_layers):
-            if own[k] is None:
-                m64 = self.float64() if m64 is None else m64
-                got = self._read_layer(k, m64, call, ref)
-                hand.append(k)
-            else:
-                got = {x: own[k][x] if x in own[k] else ref.states[f"{layer_name(k)}.{x}"]
-                       for x in self.letters(k)}
-            signals.update({f"{layer_name(k)}.{x}": v for x, v in got.items()})
-        units = [self.state_units(k) for k in range(self.num_layers)]
-        return Readout(signals=signals, meta={"method": "own", "family": self.name,
-                                              "state_units": units,
-                                              **({"hand_cell_layers": hand} if hand else {})})
 
     @torch.no_grad()
     def _mlstm_states(self, rec: Recorder) -> dict[int, tuple]:
