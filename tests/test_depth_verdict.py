@@ -222,3 +222,30 @@ def test_a_trace_of_some_layers_replays_only_those(kind, monkeypatch) -> None:
     assert sorted(seen) == [0, 2] and list(some) == ["layer2.s", "layer2.a", "layer0.y"]
     assert all(torch.equal(some[n], whole[n]) for n in some)
     assert some.meta["method"] == "own" and some.meta["layers_read"] == [0, 2]
+
+
+def test_only_the_layers_float32_rejects_are_rejudged(wrong_last_layer, monkeypatch) -> None:
+    """METHODS "Verdicts at depth": the layers float32 rejects are re-judged in float64, the
+    others keep their float32 rows, and no other layer's float64 hand cell runs."""
+    from gatelens.families.registry import open_family
+    from gatelens.readout import depth
+    from gatelens.readout.verify import verify_call
+
+    m = _mamba(3)
+    ids = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(2))
+    fam = open_family(m)
+    call = fam.check(m.embeddings(ids).detach())
+    with torch.no_grad():
+        ref = fam.reference(call)
+        f32 = fam.one_step(call, ref)
+        read = []
+        step = depth.one_step_by_layer
+        monkeypatch.setattr(depth, "one_step_by_layer",
+                            lambda fam, call, layers=None: read.append(layers) or step(
+                                fam, call, layers))
+        v = verify_call(fam, call, ref)
+    assert [r.max_scaled_diff_h <= 1e-5 for r in f32] == [True, True, False]
+    assert v.meta["float64_rejudge"]["layers"] == [2] and read == [[2]]
+    assert v.layers[:2] == f32[:2]  # the layers float32 passes keep their float32 rows
+    assert v.layers[2].max_scaled_diff_h > 5e-4 and not v.passed
+    assert "above 1e-05 on layer 2;" in v.explain()

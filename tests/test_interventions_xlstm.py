@@ -198,3 +198,50 @@ def test_hf_xlstm_block_edits_against_its_own_decode_path():
     assert diff(gated, ref) < 1e-5 < diff(gated, own)
     with pytest.raises(GatelensError, match="bookkeeping"):
         lens.run(ids, edits=[gatelens.Zero(f"{key}.m", at=t0)])
+
+
+def _large_input_gate(kind: str, bias: float) -> LM:
+    """``lm_of(kind)`` with every mLSTM block's input gate pre-activation raised by ``bias``:
+    the package's stabiliser m follows ĩ, so the raw-scale memory e^m·C reaches e^{bias}."""
+    lm = lm_of(kind)
+    with torch.no_grad():
+        for block in lm.stack.blocks:
+            cell = getattr(block.xlstm, "mlstm_cell", None)
+            if cell is not None:
+                cell.igate.bias.add_(bias)
+    return lm
+
+
+@pytest.mark.parametrize("kind", ["mlstm", "mixed"])
+def test_a_memory_past_float32s_range_is_read_and_edited(kind) -> None:
+    """m ≈ 100 > 88: e^m·C passes float32's range. The trace holds the memory in float64
+    (finite), verify passes, and an edited run carries it in float64: a state set to itself
+    and a keep scaled by 1 give the module's own output (before: s was inf, every edit NaN)."""
+    lm, ids = _large_input_gate(kind, 100.0), ids_of()
+    lens = gatelens.Lens(lm, vocab=V)
+    name = next(iter(lens.families))
+    with torch.no_grad():
+        own = lm(ids)
+    tr = gatelens.trace(lm.stack, lm.embed(ids).detach())
+    s = tr["layer0.s"]
+    assert s.dtype == torch.float64 and bool(torch.isfinite(s).all())
+    assert float(s.abs().max()) > 1e38  # beyond float32's largest number
+    assert gatelens.verify(lm.stack, lm.embed(ids).detach()).passed
+    set_own = lens.run(ids, edits=[gatelens.Set(f"{name}.layer0.s", s[:, t0], at=t0)])
+    keep = lens.run(ids, edits=[gatelens.Scale(f"{name}.layer0.f", 1.0, at=slice(1, T))])
+    for run in (set_own, keep):
+        assert bool(torch.isfinite(run.output).all())
+        assert diff(run.output, own) <= 1e-5 * float(own.abs().max())
+
+
+def test_a_memory_past_float64s_range_fails_verify_and_says_why() -> None:
+    """m ≈ 800 > 709: e^m·C passes float64's range too. The read-out cannot be checked there:
+    verify says FAILED and why (the module's own output is finite), never passes on the NaN
+    figures (Python's max would drop a NaN placed after a number)."""
+    lm, ids = _large_input_gate("mlstm", 800.0), ids_of()
+    x = lm.embed(ids).detach()
+    with torch.no_grad():
+        assert bool(torch.isfinite(lm.stack(x)).all())
+    v = gatelens.verify(lm.stack, x)
+    assert not v.passed and v.nonfinite
+    assert "outgrows the range of the dtype it is read in" in v.explain()

@@ -134,3 +134,24 @@ def test_a_left_stub_does_not_block_a_retry(capsys, tiny_text, tmp_path):
     assert main(["train", "--corpus", str(tiny_text), *SMALL, "--out", str(out)]) == 0
     assert "taking over the lock of pid 999999999 on host gone" in capsys.readouterr().err
     assert not (out / ".config.json.abc.tmp").exists()
+
+
+def test_a_nan_figure_is_never_dropped_whatever_its_place() -> None:
+    """Python's max keeps or drops a NaN by its place (max(0.0, nan) is 0.0): every figure a
+    verdict is made of keeps it, so a NaN row never passes."""
+    import math
+
+    from gatelens.families.base import LayerDiff
+    from gatelens.families.records import nan_max, worst_of
+    from gatelens.readout.verify import VerifyResult
+    from gatelens.readout.verify_figures import maxes
+
+    nan = math.nan
+    assert max(0.0, nan) == 0.0  # the trap
+    assert math.isnan(nan_max(0.0, nan)) and math.isnan(nan_max(nan, 0.0))
+    assert [math.isnan(v) for v in worst_of([(1e-7, 1e-7), (nan, 2e-7)])] == [True, False]
+    ok, bad = LayerDiff(0, False, 1e-7, None), LayerDiff(1, False, nan, None)
+    for rows in ([ok, bad], [bad, ok]):
+        worst = maxes(rows, "max_abs_diff_h")
+        assert math.isnan(worst)
+        assert not VerifyResult("gru", rows, worst, None, None, 1e-7).passed

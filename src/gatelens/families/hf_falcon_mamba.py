@@ -36,6 +36,7 @@ from gatelens.families.base import Call, Reference
 from gatelens.families.delta_scan import torch_path
 from gatelens.families.hf_mamba import HFMambaFamily, mamba1_scan
 from gatelens.families.official import Recorder, conv_buffer, scaled_diff
+from gatelens.families.records import worst_of
 
 _HF = "transformers.models.falcon_mamba.modeling_falcon_mamba"
 
@@ -132,7 +133,7 @@ class HFFalconMambaFamily(HFMambaFamily):
         parts, own, gap = [], [], (0.0, 0.0)
         for k, mix in enumerate(self.mixers(self.module)):
             sig, x, s, d = normed_scan(mix, rec, k)
-            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            gap = worst_of([gap, d])
             parts.append([conv_buffer(x, self.d_conv), s])
             if cache is not None:
                 sig["final"] = cache.get_recurrent_state(k).reshape(output.shape[0], -1)
@@ -157,7 +158,7 @@ class HFFalconMambaFamily(HFMambaFamily):
                       for k in range(self.num_layers)]  # (B, 1, d_inner·N) each
         ref.final = torch.cat(finals, dim=-1)[:, 0]
         diffs = [scaled_diff(f, ref.extra["parts"][k][1][:, -1:]) for k, f in enumerate(finals)]
-        ref.extra["final_vs_step"] = (max(d[0] for d in diffs), max(d[1] for d in diffs))
+        ref.extra["final_vs_step"] = worst_of(diffs)
         return ref
 
     # the blocks' RMSNorms in the hand cell's dtype (the package rounds them to float32)

@@ -58,6 +58,7 @@ from gatelens.families.delta_edit import StepEdits
 from gatelens.families.delta_scan import DeltaForward
 from gatelens.families.official import OfficialFamily, buffer_units, scaled_diff
 from gatelens.families.recipe import Recipe
+from gatelens.families.records import worst_of
 from gatelens.families.spec import SIGMOID, CellSpec
 
 #: the classes opened, by module path (transformers stays unimported until one is opened)
@@ -326,7 +327,7 @@ class HFGatedDeltaNetFamily(StepEdits, DeltaForward, DeltaCell, OfficialFamily):
         ref.final = torch.cat(finals, dim=-1)[:, 0]
         diffs = [scaled_diff(f, ref.extra["parts"][k][1][:, -1:])
                  for k, f in enumerate(finals)]
-        ref.extra["final_vs_step"] = (max(d[0] for d in diffs), max(d[1] for d in diffs))
+        ref.extra["final_vs_step"] = worst_of(diffs)
         return ref
 
     # ---- the hand cell ---------------------------------------------------------------

@@ -44,6 +44,7 @@ from gatelens.families.official import (
     scaled_diff,
 )
 from gatelens.families.recipe import Recipe
+from gatelens.families.records import worst_of
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _HF = "transformers.models.mamba.modeling_mamba"
@@ -286,7 +287,7 @@ class HFMambaFamily(MambaCell):
         the module's own (``step_vs_forward``)."""
         L = self.num_layers
         layers = [self.layer_recorded(rec, k) for k in range(L)]
-        gap = (max(g[0] for _, _, g in layers), max(g[1] for _, _, g in layers))
+        gap = worst_of(g for _, _, g in layers)
         return {**rec.blocks(L), "parts": [p for p, _, _ in layers], "aux": [None] * L,
                 "output": output, "own": [o for _, o, _ in layers], "step_vs_forward": gap}
 

@@ -50,14 +50,9 @@ from gatelens.families.base import Call, Dynamics, Reference
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.delta_scan import torch_path
 from gatelens.families.forward_scan import linear_scan
-from gatelens.families.official import (
-    OfficialFamily,
-    Recorder,
-    buffer_units,
-    conv_buffer,
-    scaled_diff,
-)
+from gatelens.families.official import OfficialFamily
 from gatelens.families.recipe import Recipe
+from gatelens.families.records import Recorder, buffer_units, conv_buffer, scaled_diff, worst_of
 from gatelens.families.spec import SIGMOID, CellSpec
 
 _HF = "transformers.models.recurrent_gemma.modeling_recurrent_gemma"
@@ -288,7 +283,7 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
         for k, layer in enumerate(self.layers(self.module)):
             sig, s = rglru_replay(layer.temporal_block.rg_lru, rec.stacked(f"lru{k}"), reset)
             d = scaled_diff(s, rec.stacked(f"lru{k}", outputs=True))
-            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            gap = worst_of([gap, d])
             parts.append([conv_buffer(rec.stacked(f"lx{k}", outputs=True), self.d_conv), s])
             own.append({n: v.to(output.dtype) for n, v in sig.items()})
         aux = reset.expand(B, T, 1).to(output.dtype)

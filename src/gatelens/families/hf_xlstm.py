@@ -59,6 +59,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Call, LayerDiff, Reference
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
+from gatelens.families.records import worst_of
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
 from gatelens.families.xlstm_scan import XLSTMForward
@@ -305,8 +306,8 @@ class HFXLSTMFamily(XLSTMForward, StepEdits, OfficialFamily):
         ds = head_scaled_diff(signals["s"], ref.states[f"{layer_name(k)}.s"],
                               self.state_units(k))
         dy = scaled_diff(signals["y"], ref.states[f"{layer_name(k)}.y"])
-        return LayerDiff(k, False, max(ds[0], dy[0], link[0]), None,
-                         max_scaled_diff_h=max(ds[1], dy[1], link[1]))
+        worst = worst_of([ds, dy, link])
+        return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1])
 
     # ---- the hand cell ---------------------------------------------------------------
     def _project(self, layer: nn.Module, u: Tensor):

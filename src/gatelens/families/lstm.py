@@ -31,6 +31,7 @@ from gatelens.cells.equations import cell_weights, step
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
+from gatelens.families.records import nan_max
 from gatelens.families.spec import SIGMOID, TANH, CellSpec
 from gatelens.families.torch_ops import flat_names, weights_of
 from gatelens.families.torch_rnn import TorchRNNFamily, like, max_diff, previous
@@ -183,7 +184,7 @@ class LSTMFamily(TorchRNNFamily):
             for k, reverse, name, _ in self.directions_of():
                 c, h_step = self._stepped_c(ref, k, reverse, name)
                 ref.states[name + ".c"] = c
-                gap = max(gap, max_diff(h_step, ref.states[name + ".h"]))
+                gap = nan_max(gap, max_diff(h_step, ref.states[name + ".h"]))
             ref.extra["stepped_c"] = True
             # the h of those step calls against the module's output: 0 on CPU
             ref.extra["stepped_vs_sequence_max_abs_diff_h"] = gap

@@ -34,6 +34,7 @@ from gatelens.families.forward_scan import linear_scan
 from gatelens.families.hf_mamba import MambaCell
 from gatelens.families.official import Recorder, conv_buffer, scaled_diff
 from gatelens.families.recipe import Recipe
+from gatelens.families.records import worst_of
 
 
 def _build(n_in: int, hidden: int, layers: int, *, settings: dict, **_: object) -> nn.Module:
@@ -122,7 +123,7 @@ class MambapyFamily(MambaCell):
             sig, s, y = mambapy_replay(mix, rec.stacked(f"xp{k}"),
                                        rec.stacked(f"xp{k}", outputs=True), z)
             d = scaled_diff(y, rec.stacked(f"out{k}"))
-            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            gap = worst_of([gap, d])
             parts.append([conv_buffer(x, self.d_conv), s])
             own.append(sig)
         got = {n: [rec.stacked(f"{m}{k}", outputs=o) for k in range(L)]

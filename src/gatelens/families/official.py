@@ -20,9 +20,7 @@ From these the base gives every method of ``Family``: the anchored read-out (eac
 the trajectory's state at t − 1, all steps at once), the one-step check (state, output and
 every link between layers against the module's own values, judged on the unit's scale as
 ``verify_modern``), the free-running re-run and the float64 dynamics of the whole stack.
-
-How the module's own run is recorded and judged (``Recorder``, ``scaled_diff``, the
-convolution buffers): families/records.py.
+How the module's own run is recorded and judged: families/records.py.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
-from gatelens.families.records import Recorder, buffer_units, conv_buffer, scaled_diff
+from gatelens.families.records import Recorder, buffer_units, conv_buffer, scaled_diff, worst_of
 from gatelens.families.torch_ops import no_embedding
 
 __all__ = ["OfficialFamily", "Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
@@ -51,11 +49,15 @@ class OfficialFamily(Family, abc.ABC):
     cell_name: str = ""
     #: whether a step reads ``aux`` from the module's trajectory (xlstm's stabiliser m)
     uses_aux: bool = False
+    #: the dtype s is read and traced in; None: the module's (xlstm's mLSTM: float64)
+    state_dtype: torch.dtype | None = None
 
     # ---- facts ---------------------------------------------------------------------
-    @property
-    def spec(self):
-        return next(s for s in self.specs if s.name == self.cell_name)
+    spec = property(lambda self: next(s for s in self.specs if s.name == self.cell_name))
+
+    def dtype_of(self, letter: str, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a trace holds ``letter`` in: ``dtype`` (the module's), or ``state_dtype``."""
+        return self.state_dtype if letter == self.spec.state and self.state_dtype else dtype
 
     def names(self) -> list[str]:
         return [f"{layer_name(k)}.{s}" for k in range(self.num_layers) for s in self.letters(k)]
@@ -95,8 +97,7 @@ class OfficialFamily(Family, abc.ABC):
         """The same dict as ``_trajectory``, its states read from ONE whole-sequence forward
         (families/forward_scan.py), with "step_vs_forward": (abs, scaled) of the scan's own
         output against the replayed step path; None without ``scan_modules``."""
-        mods = self.scan_modules()
-        if mods is None:
+        if (mods := self.scan_modules()) is None:
             return None
         with Recorder(mods) as rec:
             output = self._forward(call)
@@ -104,11 +105,11 @@ class OfficialFamily(Family, abc.ABC):
 
     def scan_modules(self) -> dict[str, nn.Module] | None:
         """The submodules whose first argument and output in one whole-sequence forward give
-        the whole trajectory (``trajectory_recorded``); None: read from the decode path."""
+        the whole trajectory (``trajectory_recorded``: ``_forward_trajectory``'s dict from
+        that forward); None: read from the decode path."""
         return None
 
     def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
-        """``_forward_trajectory``'s dict from a forward recorded on ``scan_modules``."""
         raise GatelensError(f"{self.name}: its states are read from the decode path")
 
     def _output_of(self, returned: Any) -> Tensor:
@@ -220,7 +221,8 @@ class OfficialFamily(Family, abc.ABC):
         states, inputs, initial = {}, {}, {}
         for k in range(self.num_layers) if layers is None else layers:
             s = self.state_of(k, tr["parts"][k])  # (B, T, S): a selection of the parts
-            states[f"{layer_name(k)}.{self.spec.state}"] = s.to(call.inputs.dtype)
+            states[f"{layer_name(k)}.{self.spec.state}"] = s.to(self.state_dtype
+                                                                or call.inputs.dtype)
             states[f"{layer_name(k)}.y"] = tr["y"][k]
             inputs[layer_name(k)] = tr["u"][k]
             initial[layer_name(k)] = tuple(self.initial_parts(k, B))
@@ -259,16 +261,15 @@ class OfficialFamily(Family, abc.ABC):
             aux = None if aux is None else aux.double().reshape(B * T, -1)
             sig, new, y = self.step_cell(k, m, u, prev, aux)
             sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
-            return {letter: sig[letter].reshape(B, T, -1).to(call.inputs.dtype)
-                    for letter in self.letters(k)}
+            return {x: sig[x].reshape(B, T, -1).to(self.dtype_of(x, call.inputs.dtype))
+                    for x in self.letters(k)}
 
     def read_own(self, call: Call, ref: Reference) -> Readout | None:
         """Every signal as the module itself computed it, where its states were read from its
         own forward with the gates it formed (``_forward_trajectory``'s "own": Δ and the
         keep a in the module's dtype; s and y its own): no hand cell runs but on a layer whose
         "own" is None (an sLSTM's gates stay inside its loop: ``meta["hand_cell_layers"]``)."""
-        own = ref.extra.get("own")
-        if own is None:
+        if (own := ref.extra.get("own")) is None:
             return None
         signals, hand = {}, [k for k, mine in enumerate(own) if mine is None]
         for k in range(self.num_layers):
@@ -291,10 +292,8 @@ class OfficialFamily(Family, abc.ABC):
         """Layer k's state and output (``signals``: the layer's, by letter) against the
         trajectory, and ``link`` (``_link``'s figures); the one rule of ``judge``,
         ``one_step`` and ``free_running``, which a family may refine."""
-        worst = link
-        for letter in (self.spec.state, "y"):
-            d = scaled_diff(signals[letter], ref.states[f"{layer_name(k)}.{letter}"])
-            worst = (max(worst[0], d[0]), max(worst[1], d[1]))
+        worst = worst_of([link, *(scaled_diff(signals[x], ref.states[f"{layer_name(k)}.{x}"])
+                                  for x in (self.spec.state, "y"))])
         return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1])
 
     def _link(self, k: int, m: nn.Module, ref: Reference) -> tuple[float, float]:
@@ -306,7 +305,7 @@ class OfficialFamily(Family, abc.ABC):
             ds = [scaled_diff(self.pre(k, m, x), u), scaled_diff(self.post(k, m, x, y), xo)]
             if k == self.num_layers - 1:
                 ds.append(scaled_diff(self.final(m, xo.double()), ref.extra["step_output"]))
-        return max(d[0] for d in ds), max(d[1] for d in ds)
+        return worst_of(ds)
 
     def one_step(self, call: Call, ref: Reference) -> list[LayerDiff]:
         # one layer at a time: no more than one layer's hand-cell signals exist at once
@@ -342,7 +341,8 @@ class OfficialFamily(Family, abc.ABC):
                     x = self.post(k, m, x, y)
                     for letter in self.letters(k):
                         seq.setdefault(f"{layer_name(k)}.{letter}", []).append(sig[letter])
-        signals = {n: torch.stack(v, dim=1).to(dtype) for n, v in seq.items()}
+        signals = {n: torch.stack(v, dim=1).to(self.dtype_of(n.split(".")[-1], dtype))
+                   for n, v in seq.items()}
         return Readout(signals={n: signals[n] for n in self.names()},
                        meta={"method": "free-running", "family": self.name})
 
@@ -366,7 +366,7 @@ class OfficialFamily(Family, abc.ABC):
                 flat = [p.reshape(B * T, -1) for p in parts]
                 sig = {**sig, self.spec.state: self.state_of(k, flat).reshape(B, T, -1), "y": y}
                 x = self.post(k, m, x, y)
-                yield k, {letter: sig[letter].to(dtype) for letter in self.letters(k)}
+                yield k, {x: sig[x].to(self.dtype_of(x, dtype)) for x in self.letters(k)}
 
     # ---- the dynamics ----------------------------------------------------------------
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:

@@ -24,6 +24,7 @@ the whole reference.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -59,12 +60,14 @@ def _layer_reference(fam: Any, call: Call, rec: Recorder, shared: dict, k: int
     return fam._reference_of(call, tr, shared["output"], [k]), own
 
 
-def one_step_by_layer(fam: Any, call: Call) -> list[LayerDiff]:
-    """``fam.one_step(call, fam.reference(call))``, holding one layer's states at a time."""
+def one_step_by_layer(fam: Any, call: Call, layers: Collection[int] | None = None
+                      ) -> list[LayerDiff]:
+    """``fam.one_step(call, fam.reference(call))``, holding one layer's states at a time;
+    the rows of ``layers`` only, if given (no other layer's states are replayed)."""
     m, rows = fam.float64(), []
     with torch.no_grad():
         rec, shared = _recorded(fam, call)
-        for k in range(fam.num_layers):
+        for k in range(fam.num_layers) if layers is None else sorted(layers):
             ref, _ = _layer_reference(fam, call, rec, shared, k)
             rows.append(fam._row(k, fam._read_layer(k, m, call, ref), ref, fam._link(k, m, ref)))
             del ref

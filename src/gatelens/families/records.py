@@ -9,10 +9,13 @@ that keep each submodule's calls (``Recorder``), the rule unbounded states are c
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
+__all__ = ["Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff", "worst_of"]
 
 
 def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
@@ -26,6 +29,26 @@ def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
     diff = (got.to(dtype) - ref.to(dtype)).abs_()
     scale = ref.to(dtype).abs().amax(dim=1, keepdim=True).clamp_(min=1.0)  # (B, 1, ·)
     return float(diff.max()), float(diff.div_(scale).max())
+
+
+def nan_max(*values: float) -> float:
+    """The largest of ``values``, NaN where any is NaN: Python's ``max`` keeps or drops a NaN
+    by its place (``max(0.0, nan)`` is 0.0), and a NaN figure must never pass a check.
+
+    >>> nan_max(1e-7, float("nan"), 3e-7), nan_max(1e-7, 3e-7)
+    (nan, 3e-07)
+    """
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def worst_of(figures: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """The largest of several ``scaled_diff`` figures, each of the pair (``nan_max``).
+
+    >>> worst_of([(1e-7, 2e-7), (float("nan"), 1e-7), (3e-7, 1e-7)])
+    (nan, 2e-07)
+    """
+    pairs = list(figures)
+    return nan_max(*(p[0] for p in pairs)), nan_max(*(p[1] for p in pairs))
 
 
 class Recorder:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from gatelens.families.base import LayerDiff, Reference
 from gatelens.families.forward_scan import linear_scan
-from gatelens.families.records import Recorder, scaled_diff
+from gatelens.families.records import Recorder, nan_max, scaled_diff, worst_of
 
 __all__ = ["RwkvForward", "token_shift", "wkv_replay", "wkv_scan"]
 
@@ -85,7 +85,7 @@ class RwkvForward:
             r = torch.sigmoid(rec.stacked(f"rec{k}", outputs=True))  # as the module forms it
             wkv, num, den, p = wkv_replay(att.time_decay, att.time_first, key, value)
             d = scaled_diff(r * wkv, rec.stacked(f"out{k}"))
-            gap = (max(gap[0], d[0]), max(gap[1], d[1]))
+            gap = worst_of([gap, d])
             scale = torch.exp(p.double())  # back from the max shift, as ``_trajectory``
             parts.append([rec.stacked(f"att{k}").double(), num.double() * scale,
                           den.double() * scale, rec.stacked(f"ffn{k}").double()])
@@ -107,8 +107,8 @@ class RwkvForward:
         if own is None or "wkv" not in signals:
             return row
         a, s = scaled_diff(signals["wkv"], own[k]["wkv"])
-        return LayerDiff(k, False, max(row.max_abs_diff_h, a), None,
-                         max_scaled_diff_h=max(row.max_scaled_diff_h, s))
+        return LayerDiff(k, False, nan_max(row.max_abs_diff_h, a), None,
+                         max_scaled_diff_h=nan_max(row.max_scaled_diff_h, s))
 
 
 @torch.no_grad()

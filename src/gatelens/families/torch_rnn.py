@@ -29,6 +29,7 @@ from gatelens.cells import kernels
 from gatelens.cells.equations import cell_weights
 from gatelens.cells.numerics import quiet_onednn
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
+from gatelens.families.records import nan_max
 from gatelens.families.spec import CellSpec, layer_name
 from gatelens.families.stepped import Recorded, Step, recorded_call, recorded_reference, torch_step
 from gatelens.families.torch_ops import (  # noqa: F401 - re-exported
@@ -282,8 +283,8 @@ class TorchRNNFamily(Family):
         rows = []
         for k, reverse, name, j in self.directions_of():
             ref_h = ref.states[name + ".h"]  # (B, T', H_out); T' < T when packed
-            diff = max(max_diff(readout.signals[name + ".h"][:, : ref_h.shape[1]], ref_h),
-                       max_diff(readout.h_n[j], h_n[j]))
+            diff = nan_max(max_diff(readout.signals[name + ".h"][:, : ref_h.shape[1]], ref_h),
+                           max_diff(readout.h_n[j], h_n[j]))
             dc = sc = None
             if c_n is not None:
                 dc, sc = (max_diff(readout.c_n[j], c_n[j], s) for s in (False, True))
@@ -307,7 +308,7 @@ class TorchRNNFamily(Family):
         diffs = [max_diff(mine, out.detach()), max_diff(readout.h_n, h_n.detach())]
         if c_n is not None:
             diffs.append(max_diff(readout.c_n, c_n.detach()))
-        return max(diffs)
+        return nan_max(*diffs)
 
     # ---- dynamics ----------------------------------------------------------------------
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:

@@ -137,6 +137,7 @@ class XLSTMMixedFamily(XLSTMStack):
     """xlstm's xLSTMBlockStack mixing mLSTM and sLSTM blocks, each read by its own kind."""
 
     name = "xlstm-mixed"
+    state_dtype = torch.float64  # an mLSTM block's raw-scale memory (xlstm_mlstm.py)
     opens_what = ("xlstm's xLSTMBlockStack / xLSTMLMModel mixing mLSTM and sLSTM blocks "
                   "(slstm_at; NX-AI, 2.0.6)")
     cell_name = "xlstm_mixed"
@@ -210,6 +211,11 @@ class XLSTMMixedFamily(XLSTMStack):
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return self.view(k).state_of(k, parts)
+
+    def carried_parts(self, k: int, parts: list[Tensor], dtype: torch.dtype) -> list[Tensor]:
+        view = self.view(k)  # an mLSTM block's memory in float64, an sLSTM block's in dtype
+        own = getattr(view, "carried_parts", None)
+        return [p.to(dtype) for p in parts] if own is None else own(k, parts, dtype)
 
 
 __all__ = ["XLSTM_MIXED", "XLSTMMixedFamily", "spread_gates", "tiny_mixed_stack"]

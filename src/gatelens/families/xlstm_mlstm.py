@@ -111,6 +111,9 @@ class XLSTMMLSTMFamily(XLSTMStack):
     specs = (XLSTM_MLSTM,)
     recipe = MLSTM_RECIPE
     units_name = "head"
+    #: the memory on its raw scale, e^m C, passes float32's range once the stabiliser m
+    #: passes 88 (a large input gate): it is read and traced in float64
+    state_dtype = torch.float64
 
     @property
     def heads(self) -> int:
@@ -170,25 +173,36 @@ class XLSTMMLSTMFamily(XLSTMStack):
             (F.logsigmoid(pf) if f is f0 else torch.log(f)) + prev, pi)
         i0 = torch.exp(pi - m_new)
         i = edit("i", i0)  # the stabilised exp(ĩ − m'); an edited i is written as i · e^{m'}
-        q, key, v = (t.view(-1, NH, d) for t in (q, key, v))
+        # the raw-scale memory in the dtype it is carried in (``carried_parts``: float64,
+        # as e^{m} passes float32's range once m > 88), the read h̃ back in the module's
+        raw = C.dtype
+        q, key, v = (t.view(-1, NH, d).to(raw) for t in (q, key, v))
         kbar = key / math.sqrt(d)
-        ei = (torch.exp(pi) if i is i0 else i * torch.exp(m_new))[..., None]  # (R, NH, 1)
-        C_new = f[..., None, None] * C.view(-1, NH, d, d) + ei[..., None] * (
+        pi, m_raw = pi.to(raw), m_new.to(raw)
+        ei = (torch.exp(pi) if i is i0 else i.to(raw) * torch.exp(m_raw))[..., None]
+        fr = f.to(raw)
+        C_new = fr[..., None, None] * C.view(-1, NH, d, d) + ei[..., None] * (
             kbar[..., :, None] * v[..., None, :])  # (R, NH, d, d): k̄ vᵀ
-        n_new = f[..., None] * n.view(-1, NH, d) + ei * kbar  # (R, NH, d)
+        n_new = fr[..., None] * n.view(-1, NH, d) + ei * kbar  # (R, NH, d)
         s_new = edit("s", torch.cat([C_new.reshape(-1, NH * d * d), n_new.reshape(-1, NH * d)],
                                     dim=-1))
         C_new, n_new = s_new[:, : NH * d * d].view(-1, NH, d, d), s_new[:, NH * d * d:].view(
             -1, NH, d)
         num = torch.einsum("rhi,rhij->rhj", q, C_new)
         qn = torch.einsum("rhi,rhi->rh", q, n_new)[..., None]
-        denom = torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(m_new)[..., None]
-        htil = num / denom  # (R, NH, d)
+        denom = torch.maximum(qn.abs(), torch.ones_like(qn)) + EPS * torch.exp(m_raw)[..., None]
+        htil = (num / denom).to(u.dtype)  # (R, NH, d)
         h = edit("h", cell.outnorm(htil[:, :, None]).transpose(1, 2).reshape(-1, self.inner))
         out = (h + layer.learnable_skip * xc) * F.silu(z)
         y = layer.proj_down(out)
         sig = {"i": i, "f": f, "h": h, "m": m_new}
         return sig, [buf, C_new.reshape(-1, NH * d * d), n_new.reshape(-1, NH * d)], y
+
+    def carried_parts(self, k: int, parts: list[Tensor], dtype: torch.dtype) -> list[Tensor]:
+        """Block k's parts as an edited run carries them from step to step: the buffer in
+        the module's ``dtype``, the raw-scale memory C̄, n̄ in float64 (e^{m} C passes
+        float32's range once the stabiliser m passes 88: a large input gate)."""
+        return [parts[0].to(dtype), *(p.double() for p in parts[1:])]
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return torch.cat([parts[1], parts[2]], dim=-1)  # (R, NH·(d² + d)): C̄ then n̄

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from gatelens.families.records import Recorder, conv_buffer, scaled_diff
+from gatelens.families.records import Recorder, conv_buffer, scaled_diff, worst_of
 
 __all__ = ["XLSTMStackForward"]
 
@@ -75,7 +75,7 @@ class XLSTMStackForward:
             parts.append(p)
             aux.append(m)
             own.append(mine)
-        worst = (max(g[0] for g in gaps), max(g[1] for g in gaps)) if gaps else None
+        worst = worst_of(gaps) if gaps else None
         return {**seq, "parts": parts, "aux": aux, "output": output, "step_vs_forward": worst,
                 "own": own}
 

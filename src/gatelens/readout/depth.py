@@ -21,6 +21,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -69,14 +70,17 @@ def trace_within_rounding(trace_h: float, trace_c: float | None, tol: float,
     return ok_h and (trace_c is None or trace_c <= max(tol, c32) + ulp)
 
 
-def one_step_float64(fam: Family, call: Call) -> list[LayerDiff]:
+def one_step_float64(fam: Family, call: Call, layers: Collection[int] | None = None
+                     ) -> list[LayerDiff]:
     """The one-step rows of ``fam``'s read-out against the module's own float64 forward on
     ``call`` (a float64 copy of the module, ``Family.family64``; the module itself is left
-    as it is)."""
+    as it is); of ``layers`` only, if given (a family whose layers replay apart runs the
+    hand cell of those layers only)."""
     fam64 = fam.family64()
     call64 = Call(_double(call.inputs), _double(call.state), dict(call.layout))
     with torch.no_grad(), faithful_matmul(call.inputs.device):
         if streams(fam64):  # one layer's float64 states at a time (families/official_layers.py)
-            return one_step_by_layer(fam64, call64)
+            return one_step_by_layer(fam64, call64, layers)
         ref64 = fam64.reference(call64)
-        return fam64.one_step(call64, ref64)
+        rows = fam64.one_step(call64, ref64)
+    return rows if layers is None else [r for r in rows if r.layer in layers]

@@ -29,6 +29,7 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.official import Recorder
+from gatelens.families.records import nan_max
 from gatelens.families.registry import family_of
 from gatelens.families.stepped import recorded_output_diff
 from gatelens.readout.own_call import mark
@@ -241,7 +242,7 @@ def open_cells(model: nn.Module, layers: Selection = None,
                 diff = fam.output_diff(ro, output)
             cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro), names))
             if diff is not None:
-                cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
+                cache.max_abs_diff[path] = nan_max(cache.max_abs_diff.get(path, 0.0), diff)
 
         return hook
 
@@ -265,7 +266,7 @@ def open_cells(model: nn.Module, layers: Selection = None,
                 cache.traces.setdefault(path, []).append(only(
                     assemble(fam, call, ro, calls=rec.calls, first_call=rec.first,
                              started=rec.why), names))
-                cache.max_abs_diff[path] = max(cache.max_abs_diff.get(path, 0.0), diff)
+                cache.max_abs_diff[path] = nan_max(cache.max_abs_diff.get(path, 0.0), diff)
     finally:
         for h in handles:
             h.remove()

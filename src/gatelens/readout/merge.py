@@ -40,11 +40,15 @@ def merge_results(results: list[VerifyResult]) -> VerifyResult:
 
 
 def _merged_meta(results: list[VerifyResult]) -> dict:
-    """The first chunk's facts; a float64 re-judge of any chunk (the largest float32 figure)."""
+    """The first chunk's facts; a float64 re-judge of any chunk (the largest float32 figure,
+    and the layers any chunk re-judged)."""
     meta = dict(results[0].meta)
     seen = [r.meta["float64_rejudge"] for r in results if "float64_rejudge" in r.meta]
     if seen:
-        meta["float64_rejudge"] = max(seen, key=lambda d: d["float32_one_step"])
+        worst = dict(max(seen, key=lambda d: d["float32_one_step"]))
+        if all("layers" in d for d in seen):  # every layer any chunk re-judged
+            worst["layers"] = sorted({k for d in seen for k in d["layers"]})
+        meta["float64_rejudge"] = worst
         meta["tolerance_rule"] = next(r.meta["tolerance_rule"] for r in results
                                       if "float64_rejudge" in r.meta)
     return meta

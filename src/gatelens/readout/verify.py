@@ -41,20 +41,20 @@ from gatelens.families.torch_ops import as_computed
 from gatelens.readout.depth import can_rejudge, one_step_float64, trace_within_rounding
 from gatelens.readout.trace import State, through_hooks
 from gatelens.readout.trace_types import Trace
-from gatelens.readout.verify_figures import (  # noqa: F401 - check_tol re-exported
+from gatelens.readout.verify_figures import (  # noqa: F401 - re-exported
+    VERIFY_TOL,
     as_readout,
     check_tol,
     finite_or_none,
-    hooks_sentence,
     max_or_none,
     maxes,
+    passes,
 )
+from gatelens.readout.verify_words import VerdictWords
 
 __all__ = ["VERIFY_TOL", "LayerDiff", "VerifyResult", "check_tol", "passes",
            "verify", "verify_call"]
 
-#: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
-VERIFY_TOL = 1e-5
 #: Half precision rounds every step at its own epsilon: its tolerance is this many of them.
 HALF_EPS = 8  # half precision: the largest seen, 4.7 eps (bfloat16, an LSTM ×16), and margin
 
@@ -73,19 +73,8 @@ def tolerance_for(dtype: torch.dtype) -> float:
     return max(VERIFY_TOL, HALF_EPS * torch.finfo(dtype).eps)
 
 
-def passes(diff_h: float, diff_c: float | None, tol: float = VERIFY_TOL) -> bool:
-    """The verification rule: h's difference ≤ tol (absolute, or scaled by the unit's
-    largest |h| for the modern cells), and c's difference (scaled by max(1, |c|), see the
-    module docstring; None without a cell state) ≤ tol.
-
-    >>> passes(1e-7, None), passes(1e-7, 2e-5), passes(2e-5, None)
-    (True, False, False)
-    """
-    return diff_h <= tol and (diff_c is None or diff_c <= tol)
-
-
 @dataclass(frozen=True)
-class VerifyResult:
+class VerifyResult(VerdictWords):
     """Outcome of ``verify``: the one-step error (the verdict) and the free-running
     divergence, per layer and direction and overall."""
 
@@ -175,106 +164,6 @@ class VerifyResult:
             return self.regime == "chaotic"
         return self.free_running_max_abs_diff_h > self.tol
 
-    def explain(self) -> str:
-        """What the figures say, in words (and, where float32 rounding at depth was
-        re-judged in float64, that it was).
-
-        >>> v = VerifyResult("gru", [], 1e-13, None, None, 1e-6,
-        ...                  meta={"float64_rejudge": {"float32_one_step": 2e-5}})
-        >>> "float64" in v.explain()
-        True
-        """
-        text = self._explain_figures()
-        depth = self.meta.get("float64_rejudge")
-        if depth:
-            now = self.judged_diff_h
-            text += (f" In float32 the one-step error was {depth['float32_one_step']:.3g}, "
-                     f"above {self.tol:g}; against the module's own float64 forward it is "
-                     f"{now:.3g}"
-                     ", so the float32 figure was "
-                     + ("the module's rounding at this depth and width."
-                        if self.passes_one_step else
-                        "not rounding: the read-out differs from the module's computation."))
-        return text
-
-    def _explain_figures(self) -> str:
-        """What the two figures say, in words.
-
-        >>> text = VerifyResult("gru", [], 1e-7, None, None, 1.9).explain()
-        >>> "(passed)" in text and "chaotic" in text
-        True
-        """
-        if self.nonfinite:
-            return ("the module's own states hold NaN or Inf on this text: its weights or its "
-                    "input are not finite, so the read-out cannot be checked (FAILED).")
-        if self.one_step_max_abs_diff_h is None:
-            verdict = (f"free-running difference {self.max_abs_diff_h:.3g} "
-                       f"{'<=' if self.passed else '>'} {self.tol:g} (packed input: the "
-                       f"one-step check is not defined)")
-            return verdict + (" (passed)." if self.passed else " (FAILED).")
-        if self.one_step_max_scaled_diff_h is not None:
-            return self._explain_modern()
-        c = "" if self.max_scaled_diff_c is None else (
-            f", c {self.max_scaled_diff_c:.3g} scaled by max(1, |c|)")
-        ok = self.passes_one_step
-        out = (f"one-step error {self.max_abs_diff_h:.3g}{c} {'<=' if ok else '>'} {self.tol:g}: "
-               + ("each step is PyTorch's computation (passed)." if ok else
-                  "the read-out does not compute PyTorch's cell (FAILED)."))
-        fr = self.free_running_max_abs_diff_h
-        if not ok:
-            # a wrong read-out's re-run parts for that reason: never rounding, never chaos
-            out += (f" Free-running divergence {fr:.3g}: not a property of the model here, as "
-                    "the read-out's own step is wrong; it is no evidence of rounding or chaos.")
-        elif fr > self.tol and not self.chaotic:
-            out += (f" Free-running divergence {fr:.3g} is above the tolerance although the "
-                    "model contracts on this text (its divergence rate λ < 0): rounding at "
-                    f"{self.meta.get('dtype', 'this')} precision carried along the re-run, not "
-                    "chaos and not an error.")
-        elif self.chaotic:
-            out += (f" Free-running divergence {fr:.3g}: the model is chaotic on this text, so "
-                    "two correct implementations part after a few dozen steps; this is the "
-                    "model's property, not an error, and the anchored read-out follows the "
-                    "module's own trajectory.")
-        else:
-            out += (f" Free-running divergence {fr:.3g}: the step-by-step re-run stays on the "
-                    "module's trajectory (contracting on this text).")
-        out += hooks_sentence(self.meta)
-        if not self.trace_passes:
-            c = "" if self.trace_max_scaled_diff_c is None else (
-                f", c {self.trace_max_scaled_diff_c:.3g} scaled by max(1, |c|)")
-            out += (f" The trace given differs from the module's own states by h "
-                    f"{self.trace_max_abs_diff_h:.3g}{c}: it is not the module's trajectory "
-                    "(FAILED).")
-        return out
-
-    def _explain_modern(self) -> str:
-        """explain() for gatelens's own cells, whose reference is their parallel form.
-
-        >>> r = VerifyResult("mingru", [], 7e-4, None, None, 2e-3,
-        ...                  one_step_max_scaled_diff_h=3e-7)
-        >>> r.explain().startswith("one-step error 3e-07 (h and y scaled")
-        True
-        """
-        ok = self.passes_one_step
-        out = (f"one-step error {self.one_step_max_scaled_diff_h:.3g} (h and y scaled by each "
-               f"unit's largest |value| in the window, as they are unbounded; absolute "
-               f"{self.max_abs_diff_h:.3g}) {'<=' if ok else '>'} {self.tol:g}: "
-               + ("each layer's step computes the cell's parallel form (passed)." if ok else
-                  "the step does not compute the cell's parallel form (FAILED)."))
-        fr = self.free_running_max_abs_diff_h
-        out += (f" Free-running difference {fr:.3g} (absolute) between the whole sequential "
-                "stack and the parallel form: " + (
-                    "rounding carried up through the layers, not an error by itself." if ok else
-                    "not read, as the step itself is wrong; it is no evidence of rounding."))
-        if self.trace_max_abs_diff_h is not None:
-            ok = self.trace_passes
-            out += (f" The trace given differs from the trajectory of the module's forward by "
-                    f"{self._trace_h:.3g} scaled" + (
-                        " (passed)." if passes(self._trace_h, None, self.tol) else
-                        ", no more than the module's own float32 rounding of one step (passed)."
-                        if ok else ": it is not the module's trajectory (FAILED)."))
-        return out
-
     @property
     def passes_one_step(self) -> bool:
         return passes(self.judged_diff_h, self.max_scaled_diff_c, self.tol)
@@ -328,16 +217,25 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
         if (one is not None and not given_tol and not _rows_pass(one, tol)
                 and can_rejudge(fam, call)):
             # float32 says no: re-judged against the module's own float64 forward (depth.py)
+            # only the layers float32 rejects: the others keep their float32 rows
+            rejected = sorted({r.layer for r in one if not _rows_pass([r], tol)})
             depth = {"float32_one_step": maxes(one, "max_scaled_diff_h")
                      or maxes(one, "max_abs_diff_h"),
-                     "float32_one_step_c": maxes(one, "max_scaled_diff_c")}
-            one = one_step_float64(fam, call)
-            rule += "; re-judged in float64 where float32 rounding exceeded it"
+                     "float32_one_step_c": maxes(one, "max_scaled_diff_c"),
+                     "layers": rejected}
+            again = one_step_float64(fam, call, rejected)
+            one = sorted([r for r in one if r.layer not in rejected] + again,
+                         key=lambda r: (r.layer, r.reverse))
+            rule += "; re-judged in float64 on the layers where float32 rounding exceeded it"
         given = None
         if trace is not None:
             given = fam.judge(as_readout(trace, call), ref)
     rows = free if one is None else one
     w = next(fam.module.parameters(), None)
+    seen = {"output_finite": bool(torch.isfinite(ref.output).all())} if any(
+        not math.isfinite(v) for r in rows for v in (r.max_abs_diff_h, r.max_scaled_diff_h,
+                                                     r.max_scaled_diff_c) if v is not None
+    ) and isinstance(ref.output, Tensor) else {}
     return VerifyResult(
         cell=fam.cell, layers=rows,
         one_step_max_abs_diff_h=None if one is None else maxes(one, "max_abs_diff_h"),
@@ -349,7 +247,7 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
         trace_max_scaled_diff_c=None if given is None else maxes(given, "max_scaled_diff_c"),
         tol=tol, meta={"dtype": str(call.inputs.dtype if w is None else w.dtype),
                        "family": fam.name, "tolerance_rule": rule,
-                       **({} if depth is None else {"float64_rejudge": depth})},
+                       **({} if depth is None else {"float64_rejudge": depth}), **seen},
         one_step_max_scaled_diff_h=None if one is None else maxes(one, "max_scaled_diff_h"),
         trace_max_scaled_diff_h=None if given is None else maxes(given, "max_scaled_diff_h"))
 

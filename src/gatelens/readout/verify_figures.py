@@ -8,11 +8,24 @@ import math
 from gatelens.families.base import Call, LayerDiff, Readout
 from gatelens.readout.trace_types import Trace
 
+#: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
+VERIFY_TOL = 1e-5
+
+
+def passes(diff_h: float, diff_c: float | None, tol: float = VERIFY_TOL) -> bool:
+    """The verification rule: h's difference ≤ tol (absolute, or scaled by the unit's
+    largest |h| for the modern cells), and c's difference (scaled by max(1, |c|), see
+    readout/verify.py; None without a cell state) ≤ tol.
+
+    >>> passes(1e-7, None), passes(1e-7, 2e-5), passes(2e-5, None)
+    (True, False, False)
+    """
+    return diff_h <= tol and (diff_c is None or diff_c <= tol)
+
 
 def maxes(rows: list[LayerDiff], attr: str) -> float | None:
-    """The largest ``attr`` of the rows that have one, None when none has."""
-    vals = [getattr(r, attr) for r in rows if getattr(r, attr) is not None]
-    return max(vals) if vals else None
+    """The largest ``attr`` of the rows that have one, None when none has; NaN where any is."""
+    return max_or_none([getattr(r, attr) for r in rows])
 
 
 def finite_or_none(x: float | None) -> float | None:
