@@ -41,6 +41,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Readout
 from gatelens.families.edit_plan import EditPlan, StepChange
 from gatelens.families.official_edit import ENTRY, clean_entry, entry_cut
+from gatelens.families.records import nan_max
 from gatelens.readout.hooks import family_calls, in_family_call
 from gatelens.readout.trace import assemble
 from gatelens.readout.trace_types import Trace
@@ -196,7 +197,7 @@ class ReturnCut:
     @property
     def max_abs_diff(self) -> float:
         """The largest |cut curve − forget-only curve| of any layer or the pool, any lag."""
-        return max(c.max_abs_diff for c in [*self.layers, self.pooled])
+        return nan_max(*(c.max_abs_diff for c in [*self.layers, self.pooled]))
 
     def to_dict(self) -> dict:
         """report.json's ``causal.return_cut``."""
@@ -224,8 +225,8 @@ def cut_from_rows(parts: list[dict], p: int, T: int, letters: tuple[str, ...],
         at = {name: [float(v[j]) for j in ks] for name, v in mean.items()}
         layers.append(CutLayer(k, n, at["measured"], at["forget_path"], at["uncut"],
                                float(np.nanmax(diff)) if n else float("nan")))
-    scale = max(c["scale"] for c in parts) or 1.0
-    residual = max(c["residual"] for c in parts) / scale
+    scale = nan_max(*(c["scale"] for c in parts)) or 1.0
+    residual = nan_max(*(c["residual"] for c in parts)) / scale
     return ReturnCut(p, ks, layers[:-1], layers[-1], residual, list(letters))
 
 

@@ -46,6 +46,7 @@ from gatelens.analysis.split import (  # noqa: F401 - decompose, keep_at re-expo
     keep_at,
 )
 from gatelens.analysis.units import half_life
+from gatelens.families.records import nan_max
 from gatelens.families.spec import layer_name
 from gatelens.readout.trace_types import Trace
 
@@ -136,7 +137,7 @@ def decay_rows(trace: Trace, perturbed: Trace, position: int,
         else:
             part = split.layer(k)
             gap = (part["measured"] - (part["forget_path"] + part["return_path"])).abs().max()
-            residual = max(float(gap), residual or 0.0)
+            residual = nan_max(float(gap), 0.0 if residual is None else residual)
         for key, v in part.items():
             add_squares(sq, key, v, position)
     norms = {key: v.sqrt() for key, v in sq.items()}
