@@ -159,6 +159,10 @@ def test_layout_1_against_the_onnx_reference_evaluator(tmp_path):
     got["Y"] = got["Y"] + 0.01  # a read-out that is not the node's is caught
     with pytest.raises(gatelens.errors.CheckFailed, match="differs from onnxruntime"):
         trace_node("lstm", lstm, got, str(p))
+    got["Y"] = got["Y"] - 0.01
+    got["Y"][-1, 0, -1, -1] = np.nan  # and a NaN difference, wherever it lies, never passes
+    with pytest.raises(gatelens.errors.CheckFailed, match="by nan"):
+        trace_node("lstm", lstm, got, str(p))
 
 
 def _folded_peephole_lstm(tmp_path, H=4, I=3):

@@ -144,7 +144,7 @@ def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,
         part = split.layer(k)
         d = {"measured": cut[name].double() - clean[name].double(),  # the cut run's δs
              "uncut": part["measured"], "forget_path": part["forget_path"]}
-        residual = max(residual, float((d["measured"] - d["forget_path"])[:, p:].abs().max()))
+        residual = nan_max(residual, float((d["measured"] - d["forget_path"])[:, p:].abs().max()))
         out["curves"][k] = _curves({key: add_squares(sq, key, v, p).sqrt()
                                     for key, v in d.items()})
     out["curves"][None] = _curves({key: v.sqrt() for key, v in sq.items()})

@@ -175,7 +175,7 @@ def decay_from_rows(parts: list[dict], position: int, length: int,
         forget_only=at("forget_path") if has_paths else None,
         return_path=at("return_path") if has_paths else None,
         measured_h=[float(measured_h[k]) for k in ks], curves=curves,
-        max_abs_residual=max(residuals) if residuals else None)
+        max_abs_residual=nan_max(*residuals) if residuals else None)
 
 
 @dataclass

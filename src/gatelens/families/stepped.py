@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from gatelens.families.base import Call, Readout, Reference
+from gatelens.families.records import nan_max
 from gatelens.families.spec import layer_name
 
 
@@ -145,7 +146,7 @@ def recorded_output_diff(fam: Any, readout: Readout, call: Call) -> float:
     for k in range(fam.num_layers):
         for part, values in zip(fam.state_parts, rec.steps, strict=True):
             mine = readout.signals[f"{layer_name(k)}.{part}"]
-            diff = max(diff, float((mine.double() - values[k].double()).abs().max()))
+            diff = nan_max(diff, float((mine.double() - values[k].double()).abs().max()))
     return diff
 
 
