@@ -211,7 +211,7 @@ def _left_trajectory(fam: TorchRNNFamily, call: Call, ro: Readout) -> float:
     top = [layer_name(fam.num_layers - 1, bool(d)) + ".h" for d in range(fam.directions)]
     mine = torch.cat([ro.signals[n] for n in top], dim=-1)[:, : out.shape[1]]
     diff = max_diff(mine, out)
-    if diff > 1e-5:
+    if not diff <= 1e-5:  # NaN too
         warnings.warn(f"trace(method='step') has left the module's trajectory: its top-layer h "
                       f"differs from the module's output by {diff:.3g} (a chaotic model parts "
                       "two correct implementations); method='anchored' follows the module",
