@@ -261,3 +261,49 @@ def test_an_analysis_keeps_the_perturbed_runs_states_and_outputs():
     a = lens.measure(path, ids, [chr(97 + i) for i in range(13)], perturb_pos=6, exponents=0)
     assert set(a.trace_perturbed) == {f"layer{k}.{n}" for k in range(2) for n in "sy"}
     assert "layer1.a" in a.trace and a.perturbation.return_path is not None
+
+
+@pytest.mark.parametrize("kind", ["mamba", "mamba2"])
+def test_the_perturbed_run_is_replayed_a_layer_at_a_time(kind, monkeypatch):
+    """A Mamba or Mamba-2 stack's perturbed run is read layer by layer as the split and the
+    cut read it (``LayerReplay``: one layer held, each replayed once in layer order): the
+    analysis is the one the whole perturbed trace gives, figure for figure."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    import gatelens
+    from gatelens.analysis import measure as measure_mod
+    from gatelens.families import official_layers
+
+    torch.manual_seed(0)
+    if kind == "mamba":
+        m = transformers.MambaForCausalLM(transformers.MambaConfig(
+            vocab_size=13, hidden_size=8, state_size=4, num_hidden_layers=3, expand=2,
+            use_cache=False)).eval()
+    else:
+        m = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+            vocab_size=13, hidden_size=16, state_size=4, num_hidden_layers=3, num_heads=4,
+            head_dim=8, expand=2, n_groups=1, conv_kernel=3, chunk_size=8,
+            use_cache=False)).eval()
+    vocab = [chr(97 + i) for i in range(13)]
+    ids = torch.randint(0, 13, (3, 24), generator=torch.Generator().manual_seed(1))
+    lens = gatelens.Lens(m, vocab=vocab)
+    (path,) = list(lens.families)[:1]
+    replays: list[int] = []
+    replay = official_layers.LayerReplay._replay
+    monkeypatch.setattr(official_layers.LayerReplay, "_replay",
+                        lambda self, k: replays.append(k) or replay(self, k))
+
+    def analyse():
+        a = lens.measure(path, ids, vocab, perturb_pos=6, exponents=0, chunk=1)
+        return a, json.dumps(a.report, sort_keys=True, default=str)
+
+    lazy, text = analyse()
+    assert replays[:3] == [0, 1, 2]  # the split reads the layers in order, once each
+    assert isinstance(lazy.trace_perturbed.tensors, dict)  # the page's copy is held whole
+    monkeypatch.setattr(measure_mod, "streams", lambda fam: False)
+    whole, text_whole = analyse()
+    assert text == text_whole
+    assert set(lazy.trace_perturbed) == set(whole.trace_perturbed)
+    for n in whole.trace_perturbed:
+        assert torch.equal(lazy.trace_perturbed[n], whole.trace_perturbed[n]), n

@@ -117,10 +117,13 @@ def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
                                 _patch(value(k, g)))
                      for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
                     known=uncut is not None, keep=states)  # the cut's rows read the states
-    _, sig = fam.intervene(perturbed, plan, None, 0)
-    sig = {n: v if v.shape[1] == T else torch.cat([uncut[n][:, : T - v.shape[1]].to(v.dtype),
-                                                   v], dim=1) for n, v in sig.items()
-           if n in states}
+    _, got = fam.intervene(perturbed, plan, None, 0)
+    sig = {}
+    for n in [n for n in got if n in states]:  # each layer's steps dropped as it is padded
+        v = got.pop(n)
+        sig[n] = v if v.shape[1] == T else torch.cat([uncut[n][:, : T - v.shape[1]].to(v.dtype),
+                                                      v], dim=1)
+        del v
     units = clean.meta.get("state_units")
     return assemble(fam, perturbed, Readout(sig, meta={} if units is None else
                                             {"state_units": units}), states, edited=True)

@@ -32,13 +32,14 @@ from gatelens.analysis.result import (
     kept_for_page,
 )
 from gatelens.analysis.settings import AnalysisSettings, check_perturb_pos
-from gatelens.analysis.split import perturbed_part
+from gatelens.analysis.split import perturbed_letters, perturbed_part
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
-from gatelens.families.base import Call, Family, Reference
+from gatelens.families.base import Call, Family, Readout, Reference
+from gatelens.families.official_layers import LayerReplay, streams
 from gatelens.families.registry import open_family
 from gatelens.progress import Progress
-from gatelens.readout.trace import read, trace
+from gatelens.readout.trace import assemble, read, trace
 from gatelens.readout.trace_types import Trace
 
 __all__ = ["STAGES", "Analysis", "Baseline", "Captured", "Runner", "check_perturb_pos",
@@ -133,7 +134,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         t0 = time.perf_counter()
         cap, cap2 = runner(w), runner(wp)
         call, ref, tr = _read(fam, cap)
-        tr2 = perturbed_part(_read(fam, cap2)[2])  # what its measurements read
+        tr2 = _read_perturbed(fam, cap2)  # what its measurements read
         base_tr = None if base is None else _read(base[1], base[2](w))[2]
         part = Chunk(setup, b0, w, cap, cap2, call, ref, tr, tr2, base_tr)
         clock["trace"] += time.perf_counter() - t0
@@ -196,3 +197,18 @@ def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:
         ref = fam.reference(call)
     return call, ref, read(fam, call, ref) if call.layout.get("packed") is None else \
         trace(fam.module, cap.inputs, cap.state, hooks=False)
+
+
+def _read_perturbed(fam: Family, cap: Captured) -> Trace:
+    """The perturbed run's trace, with only what its measurements read (``perturbed_part``);
+    a family whose layers replay apart from one recorded forward (transformers' Mamba and
+    Mamba-2) replays each layer as it is read, holding one (``LayerReplay``): the same
+    values as the whole trace, bit for bit."""
+    call = fam.check(cap.inputs, cap.state)
+    if not streams(fam) or call.layout.get("packed") is not None:
+        return perturbed_part(_read(fam, cap)[2])
+    keep = perturbed_letters(Trace(fam.cell, fam.num_layers, fam.bidirectional, {}))
+    lazy = LayerReplay(fam, call, [n for n in fam.names() if n.rsplit(".", 1)[-1] in keep])
+    units = [fam.state_units(k) for k in range(fam.num_layers)]
+    return assemble(fam, call, Readout(lazy, meta={"method": "own", "family": fam.name,
+                                                   "state_units": units}))

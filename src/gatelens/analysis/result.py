@@ -64,8 +64,9 @@ def kept_for_page(tr: Trace, tr2: Trace, budget: int | None = None) -> dict[str,
     budget = TRACES_KEPT if budget is None else budget
     one = sum(v[:1].numel() * v.element_size() for t in (tr, tr2) for v in t.values())
     windows = next(iter(tr.values())).shape[0]
-    if one * windows <= budget:
-        return {"trace": tr, "trace_perturbed": tr2}
+    if one * windows <= budget:  # held whole (a trace read layer by layer, in full)
+        return {k: t if isinstance(t.tensors, dict) else replace(t, tensors=dict(t.tensors))
+                for k, t in (("trace", tr), ("trace_perturbed", tr2))}
     n = budget // max(one, 1)
     if n >= 1:
         return {k: replace(t, tensors={name: v[:n] for name, v in t.items()}, h_n=None,

@@ -24,16 +24,18 @@ the whole reference.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from gatelens.cells.names import layer_name
+from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.records import Recorder
 
-__all__ = ["one_step_by_layer", "read_layers", "streams"]
+__all__ = ["LayerReplay", "one_step_by_layer", "read_layers", "streams"]
 
 
 def streams(fam: Any) -> bool:
@@ -74,22 +76,58 @@ def one_step_by_layer(fam: Any, call: Call, layers: Collection[int] | None = Non
     return rows
 
 
+class LayerReplay(Mapping[str, Tensor]):
+    """The module's own signals ``names`` (``read_own``'s values) of one recorded forward,
+    each layer replayed when one of its names is asked for, and only the layer last asked
+    for held: a perturbed run's trace read layer by layer (the split, the return path cut)
+    holds one layer's states, not the stack's (2.5 GB a window at 24 layers of mamba2-130m's
+    width). Asked for in layer order, each layer is replayed once."""
+
+    def __init__(self, fam: Any, call: Call, names: Sequence[str]) -> None:
+        self.fam, self.call, self.names = fam, call, list(names)
+        with torch.no_grad(), faithful_matmul(call.inputs.device):
+            self.rec, self.shared = _recorded(fam, call)
+        self.layers = sorted({_layer_of(n) for n in self.names})
+        self._k: int | None = None
+        self._held: dict[str, Tensor] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._held:
+            if name not in self.names:
+                raise KeyError(name)
+            self._replay(_layer_of(name))
+        return self._held[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def _replay(self, k: int) -> None:
+        """Layer k's names replayed (``read_own``'s rule: the module's own value, else its
+        state), the layer held before dropped first."""
+        self._k, self._held = k, {}
+        prefix = f"{layer_name(k)}."
+        with torch.no_grad(), faithful_matmul(self.call.inputs.device):
+            ref, own = _layer_reference(self.fam, self.call, self.rec, self.shared, k)
+            for name in (n for n in self.names if n.startswith(prefix)):
+                letter = name[len(prefix):]
+                self._held[name] = own[letter] if letter in own else ref.states[name]
+
+
+def _layer_of(name: str) -> int:
+    """The layer index of a trace name (``layerK.x``)."""
+    return int(name.split(".", 1)[0][len("layer"):])
+
+
 def read_layers(fam: Any, call: Call, names: list[str]) -> Readout:
     """The module's own signals ``names`` (``read_own``'s values), replaying only the layers
     they name from one recorded forward: a trace of one layer of a 24-layer Mamba-2 holds
     that layer's states, not the stack's (4.8 GB at mamba2-130m's width, B = 2, T = 128)."""
-    L = fam.num_layers
-    wanted = sorted({k for k in range(L) for n in names if n.startswith(f"{layer_name(k)}.")})
-    signals = {}
-    with torch.no_grad():
-        rec, shared = _recorded(fam, call)
-        for k in wanted:
-            ref, own = _layer_reference(fam, call, rec, shared, k)
-            for name in (f"{layer_name(k)}.{x}" for x in fam.letters(k)):
-                if name in names:  # read_own's rule: the module's own value, else its state
-                    letter = name.split(".")[-1]
-                    signals[name] = own[letter] if letter in own else ref.states[name]
-            del ref, own
+    wanted = [n for n in fam.names() if n in names]
+    replay = LayerReplay(fam, call, wanted)
+    signals = {n: replay[n] for n in wanted}
     return Readout(signals=signals, meta={
-        "method": "own", "family": fam.name, "layers_read": wanted,
-        "state_units": [fam.state_units(k) for k in range(L)]})
+        "method": "own", "family": fam.name, "layers_read": replay.layers,
+        "state_units": [fam.state_units(k) for k in range(fam.num_layers)]})

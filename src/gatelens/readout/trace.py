@@ -86,8 +86,11 @@ def assemble(fam: Family, call: Call, ro: Readout, names: Sequence[str] | None =
             "batch_first": call.layout.get("batch_first", True),
             "unbatched": bool(call.layout.get("unbatched")), "family": fam.name,
             **ro.meta, **meta}
+    # a read-out that replays its layers as they are read (official_layers.LayerReplay) is
+    # kept as it is, its own names
+    tensors = {n: ro.signals[n] for n in keep} if isinstance(ro.signals, dict) else ro.signals
     return Trace(cell=fam.cell, num_layers=fam.num_layers, bidirectional=fam.bidirectional,
-                 tensors={n: ro.signals[n] for n in keep}, lengths=call.layout.get("lengths"),
+                 tensors=tensors, lengths=call.layout.get("lengths"),
                  h_n=h_n, c_n=c_n, meta=info, proj_size=getattr(fam.module, "proj_size", 0))
 
 

@@ -91,5 +91,5 @@ class Trace(Mapping[str, Tensor]):
     def layer(self, k: int, reverse: bool = False) -> dict[str, Tensor]:
         """Signals of one layer and direction, keyed by the bare letter (``f``, ``h``...)."""
         prefix = layer_name(k, reverse) + "."
-        return {n[len(prefix):]: t for n, t in self.tensors.items() if n.startswith(prefix)
-                and "." not in n[len(prefix):]}
+        return {n[len(prefix):]: self.tensors[n] for n in self.tensors if n.startswith(prefix)
+                and "." not in n[len(prefix):]}  # only its names read (a lazy mapping's too)
