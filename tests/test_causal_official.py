@@ -112,3 +112,37 @@ def test_attribution_is_the_gradient_times_the_difference(name):
     assert max(abs(a) for a, _ in pairs[1:]) > 1e-4
     for a, fd in pairs:
         assert a == pytest.approx(fd, abs=1e-6 * max(1.0, abs(fd)))
+
+
+@pytest.mark.parametrize("name", ["hf-mamba2", "hf-gated-deltanet", "xlstm-mixed"])
+def test_the_cut_run_by_groups_of_layers_is_the_whole_cut(name, monkeypatch):
+    """Above ``CUT_KEPT`` of states the cut runs once per group of layers, each keeping its
+    own, and patches the write step by step (``entry_at``): the same rows as one run that
+    keeps every layer, figure for figure; the write of one step is ``clean_entry``'s."""
+    from gatelens.analysis import causal
+    from gatelens.families.official_edit import clean_entry, entry_at
+
+    lens, path = lens_of(name)
+    fam, ids = lens.families[path], ids_of()
+    chars = [str(i) for i in range(VOCAB)]
+
+    def cut_of() -> dict:
+        a = lens.measure(path, ids, chars, perturb_pos=P, exponents=0)
+        return a.report["causal"]["return_cut"]
+
+    whole = cut_of()
+    groups: list[int] = []
+    init = causal._CutStates.__init__
+    monkeypatch.setattr(causal._CutStates, "__init__", lambda self, *a: groups.append(
+        len(a[3])) or init(self, *a))
+    monkeypatch.setattr(causal, "CUT_KEPT", 1)  # every layer a group of its own
+    assert cut_of() == whole and groups and set(groups) == {fam.num_layers}
+    cap = lens.runner(path)(ids)  # what the module received
+    call = fam.check(cap.inputs, cap.state)
+    from gatelens.readout.trace import read
+
+    with torch.no_grad():
+        clean = read(fam, call, fam.reference(call))
+        for k in range(fam.num_layers):
+            each = torch.stack([entry_at(fam, clean, k, t) for t in range(ids.shape[1])], 1)
+            assert torch.allclose(each, clean_entry(fam, clean, k), rtol=1e-6, atol=1e-7), k

@@ -95,3 +95,18 @@ def test_an_analysis_at_size_says_the_rule_and_an_asked_count_overrides_it(tmp_p
     assert (asked.lyapunov.k, asked.lyapunov.windows, asked.lyapunov.rule) == (6, 5, None)
     assert math.isclose(asked.lyapunov.per_window[:4, 0].mean(), ly["exponents"][0],
                         abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("size", [58_368, 701_000, 1_200_000, 4_847_616, 40_000_000])
+def test_a_frame_of_tangents_stays_within_its_bytes(size):
+    """At size the spectrum holds about three frames of k float64 tangent vectors: "auto"
+    takes no more exponents than a frame of FRAME_BYTES holds (at least one), says so in its
+    rule, and leaves the states below it as the tangent budget alone has them."""
+    from gatelens.analysis.spectrum_plan import FRAME_BYTES
+
+    k, m, rule = spectrum_plan("auto", size, 2)
+    budget_k = TANGENT_BUDGET // m
+    assert k == max(1, min(budget_k, FRAME_BYTES // (8 * size)))
+    assert k * size * 8 <= FRAME_BYTES or k == 1
+    assert ("MiB" in rule) is (k < budget_k)
+    assert spectrum_plan(budget_k + 1, size, 2)[0] == budget_k + 1  # a count is as asked

@@ -23,7 +23,7 @@ ablation, on one recurrent module, with the perturbation's and the reach's own c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Readout
 from gatelens.families.edit_plan import EditPlan, StepChange
-from gatelens.families.official_edit import ENTRY, clean_entry, entry_cut
+from gatelens.families.official_edit import ENTRY, entry_at, entry_cut
 from gatelens.families.records import nan_max
 from gatelens.readout.hooks import family_calls, in_family_call
 from gatelens.readout.trace import assemble
@@ -99,34 +99,76 @@ def _held(mean: Tensor) -> Callable[[int, Tensor], Tensor]:
     return lambda t, v: mean.to(v).expand_as(v).clone()
 
 
+#: the cut run's states held at once: above it the cut runs once per group of consecutive
+#: layers whose states fit, keeping that group's (a 24-layer Mamba-2 at mamba2-130m's width
+#: holds 2.4 GB of states a window)
+CUT_KEPT = 512 * 2**20
+
+
 def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
               uncut: Trace | None = None) -> Trace:
     """The module on the perturbed call, every ``RETURN_PATH`` letter of every layer set to
     ``clean``'s value from p + 1 on (the family's own ``intervene``): the cut run's trace
     of its states (all that the cut's rows read; a family may skip its other signals).
     ``uncut``: the perturbed run's own trace, which it is up to p + 1 (a family may then
-    leave those steps unread)."""
+    leave those steps unread). Above ``CUT_KEPT`` of states the trace runs the cut once per
+    group of layers as they are read (``_CutStates``); the write is patched step by step."""
     letters = cuts(fam) or ()
     T = perturbed.length
 
-    def value(k: int, g: str) -> Tensor:
-        return clean_entry(fam, clean, k) if g == ENTRY else clean[f"{layer_name(k)}.{g}"]
+    def value(k: int, g: str) -> Callable[[int, Tensor], Tensor]:
+        if g == ENTRY:  # e_t of one step at a time (official_edit.entry_at)
+            return lambda t, v: entry_at(fam, clean, k, t).to(v.dtype)
+        return _patch(clean[f"{layer_name(k)}.{g}"])
+
+    def plan(keep: list[str]) -> EditPlan:
+        return EditPlan((StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
+                                    value(k, g))
+                         for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
+                        known=uncut is not None, keep=keep)  # the cut's rows read the states
 
     states = [f"{layer_name(k)}.{clean.state_name}" for k in range(fam.num_layers)]
-    plan = EditPlan((StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
-                                _patch(value(k, g)))
-                     for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
-                    known=uncut is not None, keep=states)  # the cut's rows read the states
-    _, got = fam.intervene(perturbed, plan, None, 0)
-    sig = {}
-    for n in [n for n in got if n in states]:  # each layer's steps dropped as it is padded
-        v = got.pop(n)
-        sig[n] = v if v.shape[1] == T else torch.cat([uncut[n][:, : T - v.shape[1]].to(v.dtype),
-                                                      v], dim=1)
-        del v
+    groups: list[list[str]] = [[]]
+    for name in states:
+        size = clean[name].numel() * clean[name].element_size()
+        if groups[-1] and sum(clean[n].numel() * clean[n].element_size()
+                              for n in groups[-1]) + size > CUT_KEPT:
+            groups.append([])
+        groups[-1].append(name)
+    cut = _CutStates(fam, perturbed, plan, groups, uncut)
     units = clean.meta.get("state_units")
-    return assemble(fam, perturbed, Readout(sig, meta={} if units is None else
+    return assemble(fam, perturbed, Readout(dict(cut) if len(groups) == 1 else cut,
+                                            meta={} if units is None else
                                             {"state_units": units}), states, edited=True)
+
+
+class _CutStates(Mapping[str, Tensor]):
+    """The cut run's states, one group of layers held: a group's run (``plan(keep)``) when
+    one of its layers is read, the steps before the cut taken from the uncut run."""
+
+    def __init__(self, fam: Family, call: Call, plan: Callable[[list[str]], EditPlan],
+                 groups: list[list[str]], uncut: Trace | None) -> None:
+        self.fam, self.call, self.plan, self.groups, self.uncut = fam, call, plan, groups, uncut
+        self._held: dict[str, Tensor] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._held:
+            group = next(g for g in self.groups if name in g)
+            self._held = {}  # the group held before goes first
+            _, got = self.fam.intervene(self.call, self.plan(group), None, 0)
+            T = self.call.length
+            for n in [n for n in got if n in group]:  # each layer padded as it is taken
+                v = got.pop(n)
+                self._held[n] = v if v.shape[1] == T else torch.cat(
+                    [self.uncut[n][:, : T - v.shape[1]].to(v.dtype), v], dim=1)
+                del v
+        return self._held[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for g in self.groups for n in g)
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.groups)
 
 
 def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,

@@ -43,47 +43,20 @@ from torch import Tensor
 from gatelens.analysis.common import finite_or_none
 from gatelens.analysis.divergence import DivergenceRate
 from gatelens.analysis.slow_modes import SLOW_EXPONENT, SlowMode, describe_slow, slow_modes
+from gatelens.analysis.spectrum_plan import (  # noqa: F401 - re-exported
+    AUTO,
+    DEFAULT_K,
+    SIZE_AT,
+    SIZE_WINDOWS,
+    TANGENT_BUDGET,
+    k_of,
+    spectrum_plan,
+)
 from gatelens.errors import GatelensError
 from gatelens.families.base import Dynamics
 
-DEFAULT_K = 64  # exponents by default (all of them when the state is smaller)
 TANGENT_CHUNK = 128  # tangent vectors per vmap call: bounds the JVP's memory, as does
 TANGENT_NUMBERS = 1 << 24  # state numbers a call (2^22 made 24 Mamba layers' spectrum 2.3×)
-AUTO = "auto"  # the default: DEFAULT_K exponents, capped by the cost rule at size
-SIZE_AT = 4096  # state dimensions above which the cost rule caps the spectrum's work
-TANGENT_BUDGET = 64  # at size: k × windows, the tangent trajectories the spectrum pushes
-SIZE_WINDOWS = 4  # at size: windows of the spectrum (each costs k tangent trajectories)
-
-
-def spectrum_plan(k: int | str, size: int, windows: int) -> tuple[int, int, str | None]:
-    """How many exponents on how many windows, and the cost rule's sentence (None: as asked).
-
-    The spectrum pushes k tangent vectors through every step of each of its windows; one
-    tangent vector's step is one JVP of the step, about the cost of the divergence rate's
-    whole work on that window. Below ``SIZE_AT`` state dimensions the JVPs are batched
-    cheaply and ``"auto"`` is ``DEFAULT_K`` on every window asked. Above it, ``"auto"``
-    caps the work at ``TANGENT_BUDGET`` tangent trajectories: ``SIZE_WINDOWS`` windows of
-    ``TANGENT_BUDGET // SIZE_WINDOWS`` exponents. A count or ``"all"`` is taken as asked.
-
-    >>> spectrum_plan("auto", 650, 32)
-    (64, 32, None)
-    >>> k, m, rule = spectrum_plan("auto", 58_368, 8)
-    >>> k, m, rule[:60]
-    (16, 4, 'the state has 58,368 dimensions (above 4,096): the spectrum ')
-    >>> spectrum_plan(64, 58_368, 8)
-    (64, 8, None)
-    """
-    if k != AUTO:
-        return _k_of(k, size), windows, None
-    if size <= SIZE_AT:
-        return min(DEFAULT_K, size), windows, None
-    m = max(1, min(windows, SIZE_WINDOWS))
-    kk = min(DEFAULT_K, size, max(1, TANGENT_BUDGET // m))
-    return kk, m, (f"the state has {size:,} dimensions (above {SIZE_AT:,}): the spectrum "
-                   f"pushes at most {TANGENT_BUDGET} tangent trajectories, {kk} exponents "
-                   f"on {m} windows (--exponents N or all asks for more)")
-
-
 @dataclass
 class LyapunovSpectrum:
     """The k largest exponents of one direction (the one with the larger λ_1), per window."""
@@ -152,16 +125,6 @@ def _counted(d: Dynamics, burn_in: int) -> int:
         raise GatelensError(f"burn_in {burn_in} leaves no step of the {d.name} direction's "
                             f"{d.offset + len(d.order)}-step windows")
     return n
-
-
-def _k_of(k: int | str, size: int) -> int:
-    if k == "all":
-        return size
-    if k == AUTO:
-        return min(DEFAULT_K, size)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise GatelensError(f"the number of exponents must be a positive int or 'all'; got {k!r}")
-    return min(k, size)
 
 
 class StartFrames:

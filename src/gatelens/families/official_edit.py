@@ -42,7 +42,7 @@ from gatelens.families.mamba_edit import applies, layer_steps
 from gatelens.families.prefill import Start, cut, start
 from gatelens.families.spec import layer_name
 
-__all__ = ["ENTRY", "clean_entry", "entry_cut", "intervene"]
+__all__ = ["ENTRY", "clean_entry", "entry_at", "entry_cut", "intervene"]
 
 
 
@@ -88,6 +88,17 @@ def clean_entry(fam: Any, trace: Mapping[str, Tensor], k: int) -> Tensor:
     sig = {x: trace[f"{name}.{x}"].reshape(B * T, -1) for x in fam.letters(k)
            if x not in (spec.state, "y")}
     return s - _kept(fam, k, sig, prev.reshape(B * T, S)).reshape(B, T, S)
+
+
+def entry_at(fam: Any, trace: Mapping[str, Tensor], k: int, t: int) -> Tensor:
+    """``clean_entry``'s write of layer k at position t alone, (B, S): what the return path
+    cut patches step by step, so that no edited run holds every layer's writes (a 24-layer
+    Mamba-2 at mamba2-130m's width: 2.4 GB a window)."""
+    name, spec = layer_name(k), fam.spec
+    s = trace[f"{name}.{spec.state}"]
+    prev = s[:, t - 1] if t > 0 else torch.zeros_like(s[:, 0])
+    sig = {x: trace[f"{name}.{x}"][:, t] for x in fam.letters(k) if x not in (spec.state, "y")}
+    return s[:, t] - _kept(fam, k, sig, prev)
 
 
 def _as_returned(output: Any, hidden: Tensor) -> Any:
