@@ -47,3 +47,22 @@ def test_a_deep_stack_is_held_one_layer_at_a_time_in_the_estimate():
     deep = chunk_bytes(1, 128, 24 * 24_576, layers=24)
     assert deep < one / 3  # 23 GB estimated before for one window, measured peak 7.4 GB
     assert chunk_bytes(2, 128, 325, 1) == 2 * chunk_bytes(1, 128, 325)
+
+
+def test_a_state_wider_than_its_units_is_counted_by_its_coordinates():
+    """A Mamba-2 head keeps 64 × 128 numbers under one keep gate: the estimate and the chunk
+    rule count the state's coordinates (``state_units``), not the keep gate's units (24 heads
+    a layer of mamba2-130m's width said 10 MiB for a window of 2.4 GB of states, and put
+    two windows in a chunk)."""
+    import pytest
+
+    from gatelens.analysis.measure import _units
+
+    transformers = pytest.importorskip("transformers")
+    m = transformers.Mamba2Model(transformers.Mamba2Config(
+        vocab_size=11, hidden_size=64, num_hidden_layers=2, state_size=16, head_dim=16,
+        num_heads=8, expand=2, n_groups=1, use_cache=False))
+    fam = family_of(m)
+    assert fam.hidden_size == 8 and _units(fam) == 2 * 8 * 16 * 16
+    lstm = family_of(torch.nn.LSTM(84, 325, num_layers=2))
+    assert _units(lstm) == 2 * 325  # a unit a coordinate: as before

@@ -64,7 +64,14 @@ def chunk_windows(fam: Family, length: int, budget: int = MEMORY_BUDGET) -> int:
 
 
 def _units(fam: Family) -> int:
-    return fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
+    """The carried state's coordinates over every layer (the estimate's rule is per
+    coordinate): a family's ``state_units`` where its state has more coordinates than its
+    keep gate has units (a Mamba-2 head's 64 × 128 memory, an mLSTM's d² + d), else its
+    units."""
+    per = getattr(fam, "state_units", None)
+    if per is None:
+        return fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
+    return sum(max(len(per(k)), fam.unit_count(k)) for k in range(fam.num_layers))
 
 
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
