@@ -69,7 +69,8 @@ def kept_for_page(tr: Trace, tr2: Trace, budget: int | None = None) -> dict[str,
                 for k, t in (("trace", tr), ("trace_perturbed", tr2))}
     n = budget // max(one, 1)
     if n >= 1:
-        return {k: replace(t, tensors={name: v[:n] for name, v in t.items()}, h_n=None,
+        # copies: a view would keep the whole chunk's tensors (or a replayed layer) alive
+        return {k: replace(t, tensors={name: v[:n].clone() for name, v in t.items()}, h_n=None,
                            c_n=None, lengths=None if t.lengths is None else t.lengths[:n])
                 for k, t in (("trace", tr), ("trace_perturbed", tr2))}
     column = sum(v[:1].numel() // max(v.shape[-1], 1) * v.element_size()

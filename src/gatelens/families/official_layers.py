@@ -88,7 +88,6 @@ class LayerReplay(Mapping[str, Tensor]):
         with torch.no_grad(), faithful_matmul(call.inputs.device):
             self.rec, self.shared = _recorded(fam, call)
         self.layers = sorted({_layer_of(n) for n in self.names})
-        self._k: int | None = None
         self._held: dict[str, Tensor] = {}
 
     def __getitem__(self, name: str) -> Tensor:
@@ -107,7 +106,7 @@ class LayerReplay(Mapping[str, Tensor]):
     def _replay(self, k: int) -> None:
         """Layer k's names replayed (``read_own``'s rule: the module's own value, else its
         state), the layer held before dropped first."""
-        self._k, self._held = k, {}
+        self._held = {}
         prefix = f"{layer_name(k)}."
         with torch.no_grad(), faithful_matmul(self.call.inputs.device):
             ref, own = _layer_reference(self.fam, self.call, self.rec, self.shared, k)
