@@ -153,7 +153,9 @@ class _CutStates(Mapping[str, Tensor]):
 
     def __getitem__(self, name: str) -> Tensor:
         if name not in self._held:
-            group = next(g for g in self.groups if name in g)
+            group = next((g for g in self.groups if name in g), None)
+            if group is None:
+                raise KeyError(name)
             self._held = {}  # the group held before goes first
             _, got = self.fam.intervene(self.call, self.plan(group), None, 0)
             T = self.call.length
