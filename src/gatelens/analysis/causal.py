@@ -129,12 +129,14 @@ def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
 
     states = [f"{layer_name(k)}.{clean.state_name}" for k in range(fam.num_layers)]
     groups: list[list[str]] = [[]]
+    held = 0  # the bytes of the last group's states
     for name in states:
         size = clean[name].numel() * clean[name].element_size()
-        if groups[-1] and sum(clean[n].numel() * clean[n].element_size()
-                              for n in groups[-1]) + size > CUT_KEPT:
+        if groups[-1] and held + size > CUT_KEPT:
             groups.append([])
+            held = 0
         groups[-1].append(name)
+        held += size
     cut = _CutStates(fam, perturbed, plan, groups, uncut)
     units = clean.meta.get("state_units")
     return assemble(fam, perturbed, Readout(dict(cut) if len(groups) == 1 else cut,

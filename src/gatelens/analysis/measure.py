@@ -35,8 +35,8 @@ from gatelens.analysis.settings import AnalysisSettings, check_perturb_pos
 from gatelens.analysis.split import perturbed_letters, perturbed_part
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
-from gatelens.families.base import Call, Family, Readout, Reference
-from gatelens.families.official_layers import LayerReplay, streams
+from gatelens.families.base import Call, Family, Reference
+from gatelens.families.official_layers import replayed, streams
 from gatelens.families.registry import open_family
 from gatelens.progress import Progress
 from gatelens.readout.trace import assemble, read, trace
@@ -215,7 +215,5 @@ def _read_perturbed(fam: Family, cap: Captured) -> Trace:
     if not streams(fam) or call.layout.get("packed") is not None:
         return perturbed_part(_read(fam, cap)[2])
     keep = perturbed_letters(Trace(fam.cell, fam.num_layers, fam.bidirectional, {}))
-    lazy = LayerReplay(fam, call, [n for n in fam.names() if n.rsplit(".", 1)[-1] in keep])
-    units = [fam.state_units(k) for k in range(fam.num_layers)]
-    return assemble(fam, call, Readout(lazy, meta={"method": "own", "family": fam.name,
-                                                   "state_units": units}))
+    return assemble(fam, call, replayed(fam, call, [n for n in fam.names()
+                                                     if n.rsplit(".", 1)[-1] in keep]))

@@ -59,6 +59,10 @@ class OfficialFamily(Family, abc.ABC):
         """The dtype a trace holds ``letter`` in: ``dtype`` (the module's), or ``state_dtype``."""
         return self.state_dtype if letter == self.spec.state and self.state_dtype else dtype
 
+    def carried_parts(self, k: int, parts: list[Tensor], dtype: torch.dtype) -> list[Tensor]:
+        """Layer k's parts as an edited run carries them from step to step: in ``dtype``."""
+        return [p.to(dtype) for p in parts]
+
     def names(self) -> list[str]:
         return [f"{layer_name(k)}.{s}" for k in range(self.num_layers) for s in self.letters(k)]
 
@@ -94,9 +98,8 @@ class OfficialFamily(Family, abc.ABC):
         """The module's own whole-sequence forward on the call, its output tensor."""
 
     def _forward_trajectory(self, call: Call) -> dict | None:
-        """The same dict as ``_trajectory``, its states read from ONE whole-sequence forward
-        (families/forward_scan.py), with "step_vs_forward": (abs, scaled) of the scan's own
-        output against the replayed step path; None without ``scan_modules``."""
+        """``_trajectory``'s dict read from ONE whole-sequence forward (forward_scan.py), with
+        "step_vs_forward" (the scan's output against the replay); None without scan_modules."""
         if (mods := self.scan_modules()) is None:
             return None
         with Recorder(mods) as rec:
@@ -167,17 +170,15 @@ class OfficialFamily(Family, abc.ABC):
         """A float64 copy of the module (made once), for the hand cell and the dynamics."""
         cached = self.__dict__.get("_m64")
         if cached is None or cached[0] != self._weights_version():
-            m = copy.deepcopy(self.module, no_embedding(self.module))
-            m = m.double().eval().requires_grad_(False)
-            cached = (self._weights_version(), m)
-            self.__dict__["_m64"] = cached
+            m = copy.deepcopy(self.module, no_embedding(self.module)).double().eval()
+            self.__dict__["_m64"] = cached = (self._weights_version(), m.requires_grad_(False))
         return cached[1]
 
     def family64(self) -> Family:
-        """The family on its own float64 copy (``float64``, made once), which serves as that
-        family's float64 copy too: one float64 set of weights for the module's float64
-        forward and its hand cell, not two new ones each time (at 24 layers of mamba-130m's
-        shape each is 1 GB). A module in training mode keeps its mode in a copy of its own."""
+        """The family on its own float64 copy (``float64``, made once), which is that family's
+        float64 copy too: one float64 set of weights for the module's float64 forward and its
+        hand cell (1 GB at 24 layers of mamba-130m's shape); a module in training mode keeps
+        its mode in a copy of its own."""
         m = self.float64()
         if not isinstance(m, nn.Module) or self.module.training:
             return super().family64()
@@ -265,10 +266,9 @@ class OfficialFamily(Family, abc.ABC):
                     for x in self.letters(k)}
 
     def read_own(self, call: Call, ref: Reference) -> Readout | None:
-        """Every signal as the module itself computed it, where its states were read from its
-        own forward with the gates it formed (``_forward_trajectory``'s "own": Δ and the
-        keep a in the module's dtype; s and y its own): no hand cell runs but on a layer whose
-        "own" is None (an sLSTM's gates stay inside its loop: ``meta["hand_cell_layers"]``)."""
+        """Every signal as the module computed it, its states read from its own forward with
+        the gates it formed (``_forward_trajectory``'s "own"): no hand cell runs but on a layer
+        whose "own" is None (an sLSTM's gates stay in its loop: ``meta["hand_cell_layers"]``)."""
         if (own := ref.extra.get("own")) is None:
             return None
         signals, hand = {}, [k for k, mine in enumerate(own) if mine is None]

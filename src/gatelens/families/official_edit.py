@@ -136,14 +136,6 @@ def _with_entry(fam: Any, k: int, edit: Callable, s_prev: Tensor, wants: bool) -
     return inner
 
 
-def carried(fam: Any, k: int, parts: list[Tensor], dtype: torch.dtype) -> list[Tensor]:
-    """Layer k's parts as an edited run carries them from step to step: in the module's
-    ``dtype``, or as the family carries them (``carried_parts``: xlstm's mLSTM keeps its
-    raw-scale memory in float64)."""
-    own = getattr(fam, "carried_parts", None)
-    return [p.to(dtype) for p in parts] if own is None else own(k, parts, dtype)
-
-
 def _first(plan: EditPlan, offset: int, T: int) -> int:
     """The call's first step with an edit (T: none)."""
     return max(min((t for layer in plan.layers() for t in plan.positions(layer)),
@@ -197,8 +189,7 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
         if name in signals:
             signals[name][:, first:] = got.to(signals[name].dtype)
         else:
-            of = getattr(fam, "dtype_of", lambda letter, dtype: dtype)
-            signals[name] = got.to(of(name.split(".")[-1], call.inputs.dtype))
+            signals[name] = got.to(fam.dtype_of(name.split(".")[-1], call.inputs.dtype))
     return _as_returned(output, hidden), {n: signals[n] for n in fam.names() if plan.wants(n)}
 
 
@@ -210,7 +201,7 @@ def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offse
     L, B, T = fam.num_layers, call.batch, call.length
     weights = getattr(fam, "edit_weights", None)
     m, dtype = (fam.module if weights is None else weights()), call.inputs.dtype
-    parts = [carried(fam, k, begin.parts[k], dtype) for k in range(L)]
+    parts = [fam.carried_parts(k, begin.parts[k], dtype) for k in range(L)]
     live = getattr(fam, "live_aux", None)
     stab = ([begin.aux[k].to(dtype) if first else fam.initial_stabiliser(k, B).to(dtype)
              for k in range(L)] if live == "stabiliser" else [])

@@ -35,7 +35,7 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.records import Recorder
 
-__all__ = ["LayerReplay", "one_step_by_layer", "read_layers", "streams"]
+__all__ = ["LayerReplay", "one_step_by_layer", "read_layers", "replayed", "streams"]
 
 
 def streams(fam: Any) -> bool:
@@ -120,13 +120,18 @@ def _layer_of(name: str) -> int:
     return int(name.split(".", 1)[0][len("layer"):])
 
 
+def replayed(fam: Any, call: Call, names: Sequence[str]) -> Readout:
+    """The module's own signals ``names`` as a Readout whose signals replay their layers as
+    they are read (``LayerReplay``), with ``read_own``'s meta."""
+    replay = LayerReplay(fam, call, [n for n in fam.names() if n in names])
+    return Readout(signals=replay, meta={  # type: ignore[arg-type]
+        "method": "own", "family": fam.name, "layers_read": replay.layers,
+        "state_units": [fam.state_units(k) for k in range(fam.num_layers)]})
+
+
 def read_layers(fam: Any, call: Call, names: list[str]) -> Readout:
     """The module's own signals ``names`` (``read_own``'s values), replaying only the layers
     they name from one recorded forward: a trace of one layer of a 24-layer Mamba-2 holds
     that layer's states, not the stack's (4.8 GB at mamba2-130m's width, B = 2, T = 128)."""
-    wanted = [n for n in fam.names() if n in names]
-    replay = LayerReplay(fam, call, wanted)
-    signals = {n: replay[n] for n in wanted}
-    return Readout(signals=signals, meta={
-        "method": "own", "family": fam.name, "layers_read": replay.layers,
-        "state_units": [fam.state_units(k) for k in range(fam.num_layers)]})
+    ro = replayed(fam, call, names)
+    return Readout(signals=dict(ro.signals), meta=ro.meta)

@@ -213,9 +213,7 @@ class XLSTMMixedFamily(XLSTMStack):
         return self.view(k).state_of(k, parts)
 
     def carried_parts(self, k: int, parts: list[Tensor], dtype: torch.dtype) -> list[Tensor]:
-        view = self.view(k)  # an mLSTM block's memory in float64, an sLSTM block's in dtype
-        own = getattr(view, "carried_parts", None)
-        return [p.to(dtype) for p in parts] if own is None else own(k, parts, dtype)
+        return self.view(k).carried_parts(k, parts, dtype)  # mLSTM memory: float64
 
 
 __all__ = ["XLSTM_MIXED", "XLSTMMixedFamily", "spread_gates", "tiny_mixed_stack"]

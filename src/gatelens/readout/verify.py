@@ -232,11 +232,7 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
             given = fam.judge(as_readout(trace, call), ref)
     rows = free if one is None else one
     w = next(fam.module.parameters(), None)
-    seen = {"output_finite": bool(torch.isfinite(ref.output).all())} if any(
-        not math.isfinite(v) for r in rows for v in (r.max_abs_diff_h, r.max_scaled_diff_h,
-                                                     r.max_scaled_diff_c) if v is not None
-    ) and isinstance(ref.output, Tensor) else {}
-    return VerifyResult(
+    res = VerifyResult(
         cell=fam.cell, layers=rows,
         one_step_max_abs_diff_h=None if one is None else maxes(one, "max_abs_diff_h"),
         one_step_max_abs_diff_c=None if one is None else maxes(one, "max_abs_diff_c"),
@@ -247,9 +243,12 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
         trace_max_scaled_diff_c=None if given is None else maxes(given, "max_scaled_diff_c"),
         tol=tol, meta={"dtype": str(call.inputs.dtype if w is None else w.dtype),
                        "family": fam.name, "tolerance_rule": rule,
-                       **({} if depth is None else {"float64_rejudge": depth}), **seen},
+                       **({} if depth is None else {"float64_rejudge": depth})},
         one_step_max_scaled_diff_h=None if one is None else maxes(one, "max_scaled_diff_h"),
         trace_max_scaled_diff_h=None if given is None else maxes(given, "max_scaled_diff_h"))
+    if res.nonfinite and isinstance(ref.output, Tensor):  # the read states, or the module's?
+        res.meta["output_finite"] = bool(torch.isfinite(ref.output).all())
+    return res
 
 
 def _rows_pass(rows: list[LayerDiff], tol: float) -> bool:

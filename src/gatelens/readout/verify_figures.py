@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from gatelens.families.base import Call, LayerDiff, Readout
+from gatelens.families.records import nan_max
 from gatelens.readout.trace_types import Trace
 
 #: Largest max |hand − torch| that passes (docs/methods.md: ~1e-7 expected on CPU float32).
@@ -36,9 +37,7 @@ def finite_or_none(x: float | None) -> float | None:
 def max_or_none(values: list) -> float | None:
     """The largest value, None without any; NaN wins (a NaN chunk is a NaN verdict)."""
     vals = [v for v in values if v is not None]
-    if any(math.isnan(v) for v in vals):
-        return math.nan
-    return max(vals) if vals else None
+    return nan_max(*vals) if vals else None
 
 
 def as_readout(trace: Trace | Readout, call: Call) -> Readout:
