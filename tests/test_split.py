@@ -150,19 +150,32 @@ def test_an_analysis_over_its_trace_budget_keeps_the_first_units_for_the_page(mo
     assert set(paths) == {"measured"} and paths["measured"]["shape"] == [1, 8, 6]
 
 
-def test_an_edited_run_gives_only_the_names_kept():
+@pytest.mark.parametrize("kind", ["mamba", "mamba2"])
+def test_an_edited_run_gives_only_the_names_kept(kind, monkeypatch):
     """``EditPlan(keep=...)``: the return path cut reads the states alone, and transformers'
-    Mamba leaves its other signals out (the same states as a run that keeps all)."""
+    Mamba and Mamba-2 leave the other signals out (the same states as a run that keeps
+    all): the steps hand over only the names kept, whole (B, T − first, W) tensors."""
     transformers = pytest.importorskip("transformers")
+    from gatelens.families import official_edit
     from gatelens.families.edit_plan import EditPlan, StepChange
     from gatelens.families.registry import open_family
 
     torch.manual_seed(0)
-    m = transformers.MambaModel(transformers.MambaConfig(
-        vocab_size=9, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
-        use_cache=False)).eval()
+    if kind == "mamba":
+        m = transformers.MambaModel(transformers.MambaConfig(
+            vocab_size=9, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+            use_cache=False)).eval()
+    else:
+        m = transformers.Mamba2Model(transformers.Mamba2Config(
+            vocab_size=9, hidden_size=8, state_size=4, num_hidden_layers=2, num_heads=4,
+            head_dim=4, expand=2, n_groups=1, chunk_size=4, use_cache=False)).eval()
     fam = open_family(m)
     call = fam.check(torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1)))
+    handed: list[dict] = []
+    for name in ("_steps", "layer_steps"):
+        run = getattr(official_edit, name)
+        monkeypatch.setattr(official_edit, name, lambda *a, _run=run: (
+            lambda out: handed.append(out[0]) or out)(_run(*a)))
 
     def plan(keep=None):
         half = lambda t, v: 0.5 * v  # noqa: E731  (position, value)
@@ -170,9 +183,10 @@ def test_an_edited_run_gives_only_the_names_kept():
                         keep=keep)
 
     _, every = fam.intervene(call, plan(), None, 0)
-    _, some = fam.intervene(call, plan(["layer1.s", "layer0.s"]), None, 0)
-    assert set(some) == {"layer0.s", "layer1.s"} and len(every) == 8
+    _, some = fam.intervene(call, plan(["layer1.s"]), None, 0)
+    assert set(some) == {"layer1.s"} and len(every) == len(fam.names()) > 4
     assert all(torch.equal(some[n], every[n]) for n in some)
+    assert set(handed[1]) == {"layer1.s"} and handed[1]["layer1.s"].shape[:2] == (2, 3)
 
 
 def test_an_analysis_with_cut_traces_writes_its_report(monkeypatch, tmp_path):
@@ -307,3 +321,44 @@ def test_the_perturbed_run_is_replayed_a_layer_at_a_time(kind, monkeypatch):
     assert set(lazy.trace_perturbed) == set(whole.trace_perturbed)
     for n in whole.trace_perturbed:
         assert torch.equal(lazy.trace_perturbed[n], whole.trace_perturbed[n]), n
+
+
+def _mamba2_traces(B=3, T=20, p=6):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(5)
+    m = transformers.Mamba2Model(transformers.Mamba2Config(
+        vocab_size=11, hidden_size=16, state_size=4, num_hidden_layers=2, num_heads=4,
+        head_dim=8, expand=2, n_groups=1, conv_kernel=3, chunk_size=8, use_cache=False)).eval()
+    ids = torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(4))
+    ids2 = perturb_windows(ids, p, 11, seed=2)
+    with torch.no_grad():
+        return trace(m, ids), trace(m, ids2), p
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "mamba2"])
+def test_a_layer_split_in_blocks_of_coordinates_is_the_whole_layers(kind, monkeypatch):
+    """An element-wise keep acts on each coordinate alone: a layer's split read in blocks
+    of coordinates (``Split.parts``; Mamba-2's keep gathered per head) gives the whole
+    layer's split block for block, and the decay's and the cut's rows its norms."""
+    from gatelens.analysis import split as split_mod
+
+    tr, tr2, p = (_mamba2_traces() if kind == "mamba2" else
+                  _traces(nn.LSTM if kind == "lstm" else nn.GRU, scale=8.0))
+    whole = Split.of(tr, tr2, p)
+    rows, cut = decay_rows(tr, tr2, p, whole), cut_rows(tr, tr2, tr2, p, whole)
+    B, T = tr[f"layer0.{tr.state_name}"].shape[:2]
+    monkeypatch.setattr(split_mod, "BLOCK_BYTES", 8 * B * T * 3)  # three coordinates a block
+    split = Split.of(tr, tr2, p)
+    for k, width in enumerate(split.widths):
+        blocks = split.blocks(k)
+        assert len(blocks) == -(-width // 3) > 1 and blocks[-1].stop == width
+        layer = whole.layer(k)
+        for block, part in zip(blocks, split.parts(k), strict=True):
+            assert all(torch.equal(part[n], layer[n][..., block]) for n in part), (k, block)
+    got, got_cut = decay_rows(tr, tr2, p, split), cut_rows(tr, tr2, tr2, p, split)
+    assert got["residual"] == rows["residual"] and got_cut["residual"] == cut["residual"]
+    for n, v in rows["rows"].items():
+        assert torch.allclose(got["rows"][n], v, rtol=1e-12, atol=0), n
+    for k, curves in cut["curves"].items():
+        for n, v in curves.items():
+            assert torch.allclose(got_cut["curves"][k][n], v, rtol=1e-12, atol=0), (k, n)

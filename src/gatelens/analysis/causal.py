@@ -190,12 +190,17 @@ def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,
     residual = 0.0
     for k in range(clean.num_layers):
         name = f"{layer_name(k)}.{clean.state_name}"
-        part = split.layer(k)
-        d = {"measured": cut[name].double() - clean[name].double(),  # the cut run's δs
-             "uncut": part["measured"], "forget_path": part["forget_path"]}
-        residual = nan_max(residual, float((d["measured"] - d["forget_path"])[:, p:].abs().max()))
-        out["curves"][k] = _curves({key: add_squares(sq, key, v, p).sqrt()
-                                    for key, v in d.items()})
+        own: dict[str, Tensor] = {}  # layer k's ‖·‖² at each lag, its blocks' sums
+        for block, part in zip(split.blocks(k), split.parts(k), strict=True):
+            d = {"measured": cut[name][..., block].double() - clean[name][..., block].double(),
+                 "uncut": part["measured"], "forget_path": part["forget_path"]}  # δs_cut
+            residual = nan_max(residual, float((d["measured"] - d["forget_path"])[:, p:]
+                                               .abs().max()))
+            for key, v in d.items():
+                add_squares(own, key, v, p)
+        for key, v in own.items():
+            sq[key] = v if key not in sq else sq[key] + v
+        out["curves"][k] = _curves({key: v.sqrt() for key, v in own.items()})
     out["curves"][None] = _curves({key: v.sqrt() for key, v in sq.items()})
     out["residual"] = residual
     out["scale"] = float(sq["forget_path"][:, 0].sqrt().max())

@@ -133,13 +133,13 @@ def decay_rows(trace: Trace, perturbed: Trace, position: int,
     for k in range(trace.num_layers):
         if split is None:
             n = f"{layer_name(k)}.{name}"
-            part = {"measured": perturbed[n].double() - trace[n].double()}
-        else:
-            part = split.layer(k)
+            add_squares(sq, "measured", perturbed[n].double() - trace[n].double(), position)
+            continue
+        for part in split.parts(k):  # block by block of coordinates (Split.blocks)
             gap = (part["measured"] - (part["forget_path"] + part["return_path"])).abs().max()
             residual = nan_max(float(gap), 0.0 if residual is None else residual)
-        for key, v in part.items():
-            add_squares(sq, key, v, position)
+            for key, v in part.items():
+                add_squares(sq, key, v, position)
     norms = {key: v.sqrt() for key, v in sq.items()}
     base = norms["measured"][:, 0]  # (B,): ‖δs_p‖ is the unit of every curve
     keep = base > 0

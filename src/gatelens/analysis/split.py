@@ -12,7 +12,9 @@ layers' splits side by side on the state axis. ``Split`` computes one layer's on
 nothing else: the figures that pool the layers (a norm over the whole state) are sums of
 the layers' squares, so no more than one layer's float64 (B, T, S_k) arrays exist at once
 (at 24 layers of mamba-130m's shape the whole stack's split of one window was 1.8 GB,
-with 3.6 GB more while it was formed).
+with 3.6 GB more while it was formed). An element-wise keep acts on each coordinate
+alone, so a layer's split is also read in blocks of coordinates (``Split.parts``): its
+norms are sums over the coordinates and its residual a maximum.
 
 >>> import torch
 >>> from gatelens.readout.trace_types import Trace
@@ -31,7 +33,7 @@ with 3.6 GB more while it was formed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -44,6 +46,9 @@ __all__ = ["Split", "add_squares", "as_split", "decompose", "keep_at", "perturbe
            "perturbed_part"]
 
 PATHS = ("measured", "forget_path", "return_path")
+
+#: the most bytes of one float64 (B, T, ·) array of a layer's split block (``Split.blocks``)
+BLOCK_BYTES = 16 * 2**20
 
 
 class Split:
@@ -67,25 +72,45 @@ class Split:
     def windows(self) -> int:
         return int(self.trace[f"layer0.{self.trace.state_name}"].shape[0])
 
-    def layer(self, k: int) -> dict[str, Tensor]:
-        """Layer k's "measured", "forget_path" and "return_path", float64 (B, T, S_k)."""
+    def blocks(self, k: int) -> list[slice]:
+        """Layer k's state coordinates in blocks whose float64 (B, T, ·) arrays are at most
+        ``BLOCK_BYTES`` each: every element-wise keep acts on each coordinate alone, so a
+        layer's split is its blocks' side by side (a keep operator's is one block: it mixes
+        a head's coordinates). At 24 Mamba-2 layers of mamba2-130m's width one layer's
+        whole split held 1.8 GB more while it was formed."""
+        width = self.widths[k]
+        if self.trace.spec.keep_operator is not None:
+            return [slice(0, width)]
+        T = int(self.trace[f"layer0.{self.trace.state_name}"].shape[1])
+        step = max(1, BLOCK_BYTES // (8 * self.windows * T))
+        return [slice(a, min(a + step, width)) for a in range(0, width, step)]
+
+    def parts(self, k: int) -> Iterator[dict[str, Tensor]]:
+        """Layer k's split block by block (``blocks``), each ``layer(k, block)``."""
+        return (self.layer(k, block) for block in self.blocks(k))
+
+    def layer(self, k: int, block: slice | None = None) -> dict[str, Tensor]:
+        """Layer k's "measured", "forget_path" and "return_path", float64 (B, T, S_k), or
+        of the state coordinates ``block`` only (an element-wise keep's)."""
         tr, pt, p = self.trace, self.perturbed, self.position
         name = f"{layer_name(k)}.{tr.state_name}"
-        s, s2 = tr[name].double(), pt[name].double()
+        operator = tr.spec.keep_operator is not None  # the delta rule: A_t on a head's matrix
+        if block is None or operator:
+            block = slice(0, self.widths[k])
+        s, s2 = tr[name][..., block].double(), pt[name][..., block].double()
         measured = s2 - s
         measured[:, :p] = 0.0
         forget, ret = torch.zeros_like(measured), torch.zeros_like(measured)
         forget[:, p] = measured[:, p]
-        operator = tr.spec.keep_operator is not None  # the delta rule: A_t on a head's matrix
-        f = None if operator else _keep_of(tr, k).double()  # (B, T, S_k)
+        f = None if operator else _keep_of(tr, k, block).double()  # (B, T, |block|)
         if operator or _written(tr):  # the write from the states: u_t = δs_t − A_t(δs_{t−1})
             for t in range(p + 1, s.shape[1]):
                 A = _operator(tr, k, t) if operator else f[:, t].mul
                 forget[:, t] = A(forget[:, t - 1])
                 ret[:, t] = A(ret[:, t - 1]) + measured[:, t] - A(measured[:, t - 1])
             return {"measured": measured, "forget_path": forget, "return_path": ret}
-        f2 = _keep_of(pt, k).double()
-        entry, entry2 = _entries(tr, pt, k, f, f2)
+        f2 = _keep_of(pt, k, block).double()
+        entry, entry2 = _entries(tr, pt, k, f, f2, block)
         for t in range(p + 1, s.shape[1]):
             u = (f2[:, t] - f[:, t]) * s2[:, t - 1] + entry2[:, t] - entry[:, t]  # (B, S_k)
             forget[:, t] = f[:, t] * forget[:, t - 1]
@@ -111,9 +136,10 @@ class _Sliced(Split):
         super().__init__(trace, trace, position)
         self._whole = whole
 
-    def layer(self, k: int) -> dict[str, Tensor]:
+    def layer(self, k: int, block: slice | None = None) -> dict[str, Tensor]:
         a = sum(self.widths[:k])
-        return {n: v[..., a : a + self.widths[k]] for n, v in self._whole.items()}
+        block = slice(0, self.widths[k]) if block is None else block
+        return {n: v[..., a + block.start : a + block.stop] for n, v in self._whole.items()}
 
 
 def as_split(split: Split | dict[str, Tensor] | None, trace: Trace, perturbed: Trace,
@@ -147,13 +173,13 @@ def decompose(trace: Trace, perturbed: Trace, position: int) -> dict[str, Tensor
     return None if split is None else split.whole()
 
 
-def _keep_of(trace: Trace, k: int) -> Tensor:
-    """Layer k's keep factor of each coordinate of its state, (B, T, S_k): the keep gate
-    itself where s has one coordinate a unit, else gathered by the family's
+def _keep_of(trace: Trace, k: int, block: slice) -> Tensor:
+    """Layer k's keep factor of each coordinate ``block`` of its state, (B, T, |block|):
+    the keep gate itself where s has one coordinate a unit, else gathered by the family's
     ``state_units`` (a head's f on its whole matrix memory, RWKV's e^{−w} on num and den)."""
     f = trace[f"{layer_name(k)}.{trace.keep_gate}"]
     units = trace.meta.get("state_units")
-    return f if units is None else f[..., units[k].to(f.device)]
+    return f[..., block] if units is None else f[..., units[k][block].to(f.device)]
 
 
 def _written(trace: Trace) -> bool:
@@ -164,13 +190,16 @@ def _written(trace: Trace) -> bool:
     return trace.spec.candidate is None and not {"i", "g"} <= set(trace.spec.signals)
 
 
-def _entries(tr: Trace, pt: Trace, k: int, f: Tensor, f2: Tensor) -> tuple[Tensor, Tensor]:
-    """What layer k's cell wrote at each step in the clean and the perturbed run."""
+def _entries(tr: Trace, pt: Trace, k: int, f: Tensor, f2: Tensor, block: slice
+             ) -> tuple[Tensor, Tensor]:
+    """What layer k's cell wrote to the coordinates ``block`` at each step in the clean
+    and the perturbed run (a cell whose state has one coordinate a unit)."""
     sig, sig2 = tr.layer(k), pt.layer(k)
+    of = lambda sig, g: sig[g][..., block].double()  # noqa: E731
     if tr.spec.candidate is None:  # LSTM-like: c' = f ⊙ c + i ⊙ g
-        return (sig["i"].double() * sig["g"].double(), sig2["i"].double() * sig2["g"].double())
+        return of(sig, "i") * of(sig, "g"), of(sig2, "i") * of(sig2, "g")
     cand = tr.spec.candidate  # a convex mix s' = keep ⊙ s + (1 − keep) ⊙ ĉ (GRU: z, n)
-    return (1 - f) * sig[cand].double(), (1 - f2) * sig2[cand].double()
+    return (1 - f) * of(sig, cand), (1 - f2) * of(sig2, cand)
 
 
 def perturbed_letters(trace: Trace) -> set[str]:

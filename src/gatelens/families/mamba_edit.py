@@ -83,15 +83,15 @@ def _one(edit, dt: Tensor, A: Tensor, Bt: Tensor, xc: Tensor, s: Tensor, D: int,
 
 
 def layer_steps(fam: Any, call: Call, plan: EditPlan, begin: Any, first: int, offset: int
-                ) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+                ) -> tuple[dict[str, Tensor], Tensor]:
     """``official_edit._steps`` for the selective-scan cell, layer by layer (module
-    docstring): each signal's rows by trace name and the module's output at every step
-    from ``first`` on."""
+    docstring): each wanted signal by trace name and the module's output, (B, T − first, ·)
+    each."""
     m, dtype = fam.module, call.inputs.dtype
     B, T = call.batch, call.length
     Din, N, K = fam.d_inner, fam.d_state, fam.d_conv
     x = call.inputs[:, first:]  # (B, T', D): the block inputs from the first edit on
-    rows: dict[str, list[Tensor]] = {}
+    rows: dict[str, Tensor] = {}
     with torch.set_grad_enabled(plan.grad):
         for k in range(fam.num_layers):
             name, mix = layer_name(k), fam.mixers(m)[k]
@@ -136,15 +136,15 @@ def layer_steps(fam: Any, call: Call, plan: EditPlan, begin: Any, first: int, of
                 delta = delta.clone()
                 for j, v in deltas:
                     delta[:, j] = v
-                rows[f"{name}.delta"] = list(delta.unbind(1))
+                rows[f"{name}.delta"] = delta
             if plan.wants(f"{name}.a"):
                 a = a.reshape(B, -1, Din * N).clone()
                 for j, v in keeps:
                     a[:, j] = v
-                rows[f"{name}.a"] = list(a.unbind(1))
+                rows[f"{name}.a"] = a
             for letter, v in (("s", states.reshape(B, -1, Din * N)), ("y", y)):
                 if plan.wants(f"{name}.{letter}"):
-                    rows[f"{name}.{letter}"] = list(v.unbind(1))
+                    rows[f"{name}.{letter}"] = v
             x = fam.post(k, m, x, y)
         out = fam.final(m, x)
-    return rows, list(out.unbind(1))
+    return rows, out

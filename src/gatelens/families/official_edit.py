@@ -178,14 +178,11 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
     finally:
         fam.module.train(was)
     own = _own(output)
-    hidden = torch.cat([own[:, :first], torch.stack(steps, dim=1).to(own.dtype)], dim=1) \
-        if steps else own
+    hidden = torch.cat([own[:, :first], steps.to(own.dtype)], dim=1) \
+        if steps.shape[1] else own
     if not plan.signals:
         return _as_returned(output, hidden), {}
-    for name, seq in rows.items():
-        if not plan.wants(name):
-            continue
-        got = torch.stack(seq, dim=1)  # (B, T − first, W)
+    for name, got in rows.items():  # (B, T − first, W) each, only the wanted
         if name in signals:
             signals[name][:, first:] = got.to(signals[name].dtype)
         else:
@@ -194,10 +191,12 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
 
 
 def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offset: int
-           ) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+           ) -> tuple[dict[str, Tensor], Tensor]:
     """From ``first`` on, each layer's hand cell with the plan's edits inside, from the
-    module's own state ``begin``: each signal's rows by trace name (when the plan wants
-    them) and the module's output at every step."""
+    module's own state ``begin``: each signal the plan wants by trace name and the module's
+    output, (B, T − first, ·) each, every step written into one tensor as it is made (a
+    group of a 24-layer Mamba-2's states is held once, not as steps and then stacked, and
+    the layers it does not want not at all)."""
     L, B, T = fam.num_layers, call.batch, call.length
     weights = getattr(fam, "edit_weights", None)
     m, dtype = (fam.module if weights is None else weights()), call.inputs.dtype
@@ -206,8 +205,10 @@ def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offse
     stab = ([begin.aux[k].to(dtype) if first else fam.initial_stabiliser(k, B).to(dtype)
              for k in range(L)] if live == "stabiliser" else [])
     cut_entry = any(c.letter == ENTRY for c in plan.changes)
-    rows: dict[str, list[Tensor]] = {}
+    rows: dict[str, Tensor] = {}
     steps: list[Tensor] = []
+    wanted = {k: [g for g in fam.letters(k) if plan.wants(f"{layer_name(k)}.{g}")]
+              for k in range(L)}
     with torch.set_grad_enabled(plan.grad):
         for t in range(first, T):
             x, v_first = call.inputs[:, t], None
@@ -230,15 +231,17 @@ def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offse
                 y = edit("y", y)
                 if k == 0 and live == "first_value":
                     v_first = sig["v"]
-                if plan.signals:
+                if wanted[k]:
                     sig = {**sig, fam.spec.state: fam.state_of(k, shown), "y": y}
-                    for letter in fam.letters(k):
-                        rows.setdefault(f"{name}.{letter}", []).append(
-                            sig[letter].reshape(B, -1))
+                    for letter in wanted[k]:
+                        v = sig[letter].reshape(B, -1)
+                        if f"{name}.{letter}" not in rows:
+                            rows[f"{name}.{letter}"] = v.new_empty(B, T - first, v.shape[1])
+                        rows[f"{name}.{letter}"][:, t - first] = v
                 parts[k] = new
                 x = fam.post(k, m, x, y)
             steps.append(fam.final(m, x))
-    return rows, steps
+    return rows, (torch.stack(steps, dim=1) if steps else call.inputs[:, :0])
 
 
 def _aux(fam: Any, live: str | None, t: int, B: int, x: Tensor, v_first: Tensor | None
