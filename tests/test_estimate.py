@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from gatelens.analysis.estimate import chunk_bytes, plan_line, time_line
+from gatelens.analysis.estimate import chunk_bytes, peak_resident, plan_line, time_line
 from gatelens.analysis.measure import MEMORY_BUDGET, chunk_windows, encoder_runner, measure
 from gatelens.families.registry import family_of
 
@@ -25,6 +25,9 @@ def test_the_lines_before_and_after_the_first_chunk(capsys):
     timed = [line for line in err if "the first chunk took" in line]
     assert len(timed) == 1 and err.index(timed[0]) > plan
     first, total = map(float, re.findall(r"([\d.]+) s", timed[0]))
+    # the process's own peak resident memory so far, measured, in GiB
+    peak = float(re.search(r"peak resident memory so far ([\d.]+) GiB$", timed[0]).group(1))
+    assert 0.05 < peak <= peak_resident() / 2**30 + 0.05
     # its own rule: total = first × 5 / 2, both printed to 0.1 s (first's rounding × 2.5)
     assert abs(total - first * 5 / 2) <= 0.05 * 5 / 2 + 0.05 + 1e-9
     measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=0, progress=False)

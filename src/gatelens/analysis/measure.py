@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from gatelens.analysis import perturb_windows
 from gatelens.analysis.chunk import Chunk, Setup
-from gatelens.analysis.estimate import chunk_bytes, plan_line, time_line
+from gatelens.analysis.estimate import chunk_bytes, peak_resident, plan_line, time_line
 from gatelens.analysis.measurements import MEASUREMENTS
 from gatelens.analysis.result import (
     Analysis,
@@ -155,7 +155,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         del part, call, ref, cap, cap2, tr, tr2, base_tr
         _give_back()
         if progress and b0 == 0 and B > step:
-            bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step))
+            bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step,
+                                peak=peak_resident()))
         bar.update(len(w))
         bar.milestone(", ".join(f"{k} {v:.1f}s" for k, v in clock.items() if v))
     bar.close()
