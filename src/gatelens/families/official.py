@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
+from gatelens.families.official_layers import anchored_layer
 from gatelens.families.records import Recorder, buffer_units, conv_buffer, scaled_diff, worst_of
 from gatelens.families.torch_ops import no_embedding
 
@@ -233,12 +234,6 @@ class OfficialFamily(Family, abc.ABC):
         return Reference(states=states, inputs=inputs, initial=initial, output=output,
                          final=None, extra=extra)
 
-    def _previous(self, k: int, ref: Reference) -> list[Tensor]:
-        """Layer k's parts before each step t (the initial state at t = 0), (B, T, n_i)."""
-        init = ref.initial[layer_name(k)]
-        return [torch.cat([i0.to(p)[:, None], p[:, :-1].double()], dim=1)
-                for i0, p in zip(init, ref.extra["parts"][k], strict=True)]
-
     # ---- read-outs and checks -------------------------------------------------------
     def read(self, call: Call, ref: Reference) -> Readout:
         m, signals = self.float64(), {}
@@ -253,17 +248,9 @@ class OfficialFamily(Family, abc.ABC):
 
     def _read_layer(self, k: int, m: nn.Module, call: Call, ref: Reference
                     ) -> dict[str, Tensor]:
-        """Layer k's anchored signals: its hand cell fed the module's own state at t − 1."""
-        B, T = call.batch, call.length
-        with torch.no_grad():
-            prev = [p.reshape(B * T, -1) for p in self._previous(k, ref)]
-            u = ref.inputs[layer_name(k)].double().reshape(B * T, -1)
-            aux = ref.extra["aux"][k]
-            aux = None if aux is None else aux.double().reshape(B * T, -1)
-            sig, new, y = self.step_cell(k, m, u, prev, aux)
-            sig = {**sig, self.spec.state: self.state_of(k, new), "y": y}
-            return {x: sig[x].reshape(B, T, -1).to(self.dtype_of(x, call.inputs.dtype))
-                    for x in self.letters(k)}
+        """Layer k's anchored signals: its hand cell fed the module's own state at t − 1
+        (``official_layers.anchored_layer``: a piece of the window at a time)."""
+        return anchored_layer(self, k, m, call, ref)
 
     def read_own(self, call: Call, ref: Reference) -> Readout | None:
         """Every signal as the module computed it, its states read from its own forward with

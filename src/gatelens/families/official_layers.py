@@ -62,6 +62,43 @@ def _layer_reference(fam: Any, call: Call, rec: Recorder, shared: dict, k: int
     return fam._reference_of(call, tr, shared["output"], [k]), own
 
 
+#: the most bytes of the float64 states before one piece of steps that the anchored read
+#: steps at once (``anchored_layer``): one layer of 24 Mamba-2 heads of 64 × 128 is 200 MB
+#: a window in float64, and the step's work several times that
+PIECE_BYTES = 16 * 2**20
+
+
+def anchored_layer(fam: Any, k: int, m: Any, call: Call, ref: Reference) -> dict[str, Tensor]:
+    """Layer k's anchored signals (B, T, ·) by letter: its hand cell (``m``, the family's
+    float64 copy) fed the module's own state at t − 1 (the initial state at t = 0) and its
+    own input at t, a piece of steps at a time. Each step reads nothing but its own
+    previous state, so the pieces give the whole window's values; only one piece's float64
+    work exists at once."""
+    B, T = call.batch, call.length
+    init, parts = ref.initial[layer_name(k)], ref.extra["parts"][k]  # parts: (B, T, n_i)
+    u_all, aux_all = ref.inputs[layer_name(k)], ref.extra["aux"][k]
+    n = max(1, min(T, PIECE_BYTES // (8 * B * max(1, sum(p.shape[-1] for p in parts)))))
+    out: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for a in range(0, T, n):
+            b = min(a + n, T)
+            rows = lambda v, a=a, b=b: v[:, a:b].double().reshape(B * (b - a), -1)  # noqa: E731
+            prev = [(torch.cat([i0.to(p)[:, None].double(), p[:, : b - 1].double()], dim=1)
+                     if a == 0 else p[:, a - 1 : b - 1].double()).reshape(B * (b - a), -1)
+                    for i0, p in zip(init, parts, strict=True)]
+            sig, new, y = fam.step_cell(k, m, rows(u_all), prev,
+                                        None if aux_all is None else rows(aux_all))
+            sig = {**sig, fam.spec.state: fam.state_of(k, new), "y": y}
+            for x in fam.letters(k):
+                v = sig[x].reshape(B, b - a, -1)
+                if x not in out:
+                    out[x] = v.new_empty(B, T, v.shape[-1],
+                                         dtype=fam.dtype_of(x, call.inputs.dtype))
+                out[x][:, a:b] = v
+            del sig, new, y, prev
+    return out
+
+
 def one_step_by_layer(fam: Any, call: Call, layers: Collection[int] | None = None
                       ) -> list[LayerDiff]:
     """``fam.one_step(call, fam.reference(call))``, holding one layer's states at a time;
