@@ -99,7 +99,7 @@ def test_an_analysis_at_size_says_the_rule_and_an_asked_count_overrides_it(tmp_p
 
 @pytest.mark.parametrize("size", [58_368, 701_000, 1_200_000, 4_847_616, 40_000_000])
 def test_a_frame_of_tangents_stays_within_its_bytes(size):
-    """At size the spectrum holds about three frames of k float64 tangent vectors: "auto"
+    """At size the spectrum holds about five frames of k float64 tangent vectors: "auto"
     takes no more exponents than a frame of FRAME_BYTES holds (at least one), says so in its
     rule, and leaves the states below it as the tangent budget alone has them."""
     from gatelens.analysis.spectrum_plan import FRAME_BYTES

@@ -18,9 +18,11 @@ SIZE_AT = 4096  # state dimensions above which the cost rule caps the spectrum's
 TANGENT_BUDGET = 64  # at size: k × windows, the tangent trajectories the spectrum pushes
 SIZE_WINDOWS = 4  # at size: windows of the spectrum (each costs k tangent trajectories)
 #: at size: the bytes of one window's frame of k tangent vectors (float64), of which the
-#: spectrum holds about three at once (the frame, its image J_t Q, the re-orthonormalised
-#: one): 24 Mamba-2 layers of mamba2-130m's width are 4.8M dimensions, 39 MB a vector
-FRAME_BYTES = 256 * 2**20
+#: spectrum holds about five at once (the frame, its image J_t Q as the JVPs give it and
+#: joined, the two passes of its re-orthonormalisation: 1.2 GB above the stage's start for
+#: a 222 MiB frame, measured): 24 Mamba-2 layers of mamba2-130m's width are 4.8M
+#: dimensions, 39 MB a vector
+FRAME_BYTES = 128 * 2**20
 
 
 def spectrum_plan(k: int | str, size: int, windows: int) -> tuple[int, int, str | None]:
@@ -41,7 +43,7 @@ def spectrum_plan(k: int | str, size: int, windows: int) -> tuple[int, int, str 
     (64, 8, None)
     >>> k, m, rule = spectrum_plan("auto", 4_847_616, 2)  # 24 Mamba-2 layers
     >>> k, m, rule[-79:]
-    (6, 2, 'as a frame of 6 tangent vectors is 222 MiB (--exponents N or all asks for more)')
+    (3, 2, 'as a frame of 3 tangent vectors is 111 MiB (--exponents N or all asks for more)')
     """
     if k != AUTO:
         return k_of(k, size), windows, None
