@@ -177,16 +177,25 @@ def test_an_edited_run_gives_only_the_names_kept(kind, monkeypatch):
         monkeypatch.setattr(official_edit, name, lambda *a, _run=run: (
             lambda out: handed.append(out[0]) or out)(_run(*a)))
 
-    def plan(keep=None):
+    def plan(keep=None, output=True):
         half = lambda t, v: 0.5 * v  # noqa: E731  (position, value)
         return EditPlan([StepChange("layer0", "a", frozenset(range(3, 6)), True, half)],
-                        keep=keep)
+                        keep=keep, output=output)
 
     _, every = fam.intervene(call, plan(), None, 0)
     _, some = fam.intervene(call, plan(["layer1.s"]), None, 0)
     assert set(some) == {"layer1.s"} and len(every) == len(fam.names()) > 4
     assert all(torch.equal(some[n], every[n]) for n in some)
     assert set(handed[1]) == {"layer1.s"} and handed[1]["layer1.s"].shape[:2] == (2, 3)
+    # output=False: the kept signals alone, no layer above the last one kept is run
+    ran: list[int] = []
+    pre = fam.pre
+    monkeypatch.setattr(fam, "pre", lambda k, *a: ran.append(k) or pre(k, *a))
+    out, low = fam.intervene(call, plan(["layer0.s"], output=False), None, 0)
+    assert out is None and set(low) == {"layer0.s"} and set(ran) == {0}
+    assert torch.equal(low["layer0.s"], every["layer0.s"])
+    with pytest.raises(ValueError, match="neither its output nor its signals"):
+        EditPlan([], signals=False, output=False)
 
 
 def test_an_analysis_with_cut_traces_writes_its_report(monkeypatch, tmp_path):

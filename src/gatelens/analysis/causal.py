@@ -125,7 +125,8 @@ def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
         return EditPlan((StepChange(layer_name(k), g, frozenset(range(p + 1, T)), True,
                                     value(k, g))
                          for k in range(fam.num_layers) for g in letters if has(fam, k, g)),
-                        known=uncut is not None, keep=keep)  # the cut's rows read the states
+                        known=uncut is not None, keep=keep,  # the cut's rows read the states
+                        output=False)  # and no layer above a group's is run
 
     states = [f"{layer_name(k)}.{clean.state_name}" for k in range(fam.num_layers)]
     groups: list[list[str]] = [[]]

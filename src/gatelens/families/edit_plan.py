@@ -57,12 +57,18 @@ class EditPlan:
     before the first edit instead of running its prefix (a patching sweep's runs; None:
     run it). ``keep``: the only trace names the caller reads (None: every one); a family
     may leave the others out (the return path cut reads the states alone: at 24 layers of
-    mamba-130m's width the other signals of the cut run were 0.6 GB)."""
+    mamba-130m's width the other signals of the cut run were 0.6 GB). ``output`` False:
+    the caller reads the signals it keeps and not the module's output, so a family may stop
+    after the last layer it keeps and return None for the output (a return path cut's
+    group of low layers runs those layers only)."""
 
     def __init__(self, changes: Iterable[StepChange], grad: bool = False,
                  signals: bool = True, known: bool = False,
                  start: Mapping[str, Tensor] | None = None,
-                 keep: Iterable[str] | None = None) -> None:
+                 keep: Iterable[str] | None = None, output: bool = True) -> None:
+        if not (output or signals):
+            raise ValueError("an edited run that gives neither its output nor its signals")
+        self.output = output
         self.changes = list(changes)
         self.grad = grad
         self.signals = signals

@@ -155,7 +155,7 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
     if derived:
         raise GatelensError(f"{derived[0]} is the package's own bookkeeping and feeds no "
                             f"step of the recurrence: edit the gates or the state ({fam.name})")
-    if output is None and getattr(fam, "own_output", None) is None:
+    if output is None and plan.output and getattr(fam, "own_output", None) is None:
         raise GatelensError(f"{fam.name}: an edited run needs the module's own output")
     first, L, B = _first(plan, offset, call.length), fam.num_layers, call.batch
     was = fam.module.training
@@ -169,25 +169,34 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
             else:
                 signals = {}
             # the module's own run before the first edit: its state there and its output
-            begin = start(fam, call, first, output is None) if first else Start(
-                None, [fam.initial_parts(k, B) for k in range(L)], [None] * L)
-            if output is None:
+            begin = start(fam, call, first, output is None and plan.output) if first else \
+                Start(None, [fam.initial_parts(k, B) for k in range(L)], [None] * L)
+            if output is None and plan.output:
                 output = begin.output if first else fam.own_output(cut(call, 1))
         run = layer_steps if applies(fam) else _steps  # the selective scan: layer by layer
         rows, steps = run(fam, call, plan, begin, first, offset)
     finally:
         fam.module.train(was)
+    if not plan.output:  # the kept signals alone (EditPlan.output)
+        return None, _merged(fam, call, signals, rows, first)
     own = _own(output)
     hidden = torch.cat([own[:, :first], steps.to(own.dtype)], dim=1) \
         if steps.shape[1] else own
     if not plan.signals:
         return _as_returned(output, hidden), {}
-    for name, got in rows.items():  # (B, T − first, W) each, only the wanted
+    return _as_returned(output, hidden), _merged(fam, call, signals, rows, first)
+
+
+def _merged(fam: Any, call: Call, signals: dict[str, Tensor], rows: dict[str, Tensor],
+            first: int) -> dict[str, Tensor]:
+    """The edited run's signals by trace name in the family's order: the steps' ``rows``
+    (B, T − first, W), after the unedited ``signals`` where the caller has none."""
+    for name, got in rows.items():  # only the wanted
         if name in signals:
             signals[name][:, first:] = got.to(signals[name].dtype)
         else:
             signals[name] = got.to(fam.dtype_of(name.split(".")[-1], call.inputs.dtype))
-    return _as_returned(output, hidden), {n: signals[n] for n in fam.names() if plan.wants(n)}
+    return {n: signals[n] for n in fam.names() if n in signals}
 
 
 def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offset: int
@@ -209,10 +218,11 @@ def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offse
     steps: list[Tensor] = []
     wanted = {k: [g for g in fam.letters(k) if plan.wants(f"{layer_name(k)}.{g}")]
               for k in range(L)}
+    top = L if plan.output else max((k + 1 for k in range(L) if wanted[k]), default=0)
     with torch.set_grad_enabled(plan.grad):
         for t in range(first, T):
             x, v_first = call.inputs[:, t], None
-            for k in range(L):
+            for k in range(top):  # no layer above the last one kept (EditPlan.output)
                 name, at = layer_name(k), offset + t
                 aux, kw = _aux(fam, live, t, B, x, v_first), {}
                 if live == "stabiliser":
@@ -240,7 +250,8 @@ def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offse
                         rows[f"{name}.{letter}"][:, t - first] = v
                 parts[k] = new
                 x = fam.post(k, m, x, y)
-            steps.append(fam.final(m, x))
+            if plan.output:
+                steps.append(fam.final(m, x))
     return rows, (torch.stack(steps, dim=1) if steps else call.inputs[:, :0])
 
 
