@@ -149,6 +149,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
             bar.note(stage=m.stage)
             t0 = time.perf_counter()
             m.update(part)
+            _give_back()  # what the stage freed, before the next one's peak
             clock[m.stage] += time.perf_counter() - t0
         kept = kept or kept_for_page(tr, tr2)
         # a chunk's traces go before the next is read (24 Mamba layers: 1.2 GB a window)
