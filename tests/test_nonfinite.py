@@ -6,6 +6,7 @@ usage errors before anything is written."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -155,3 +156,23 @@ def test_a_nan_figure_is_never_dropped_whatever_its_place() -> None:
         worst = maxes(rows, "max_abs_diff_h")
         assert math.isnan(worst)
         assert not VerifyResult("gru", rows, worst, None, None, 1e-7).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_scaled_difference_in_blocks_of_units_is_the_wholes(dtype, monkeypatch):
+    """``scaled_diff`` takes a block of units at a time (``DIFF_BYTES``): the same figures as
+    the whole tensor's, written out here, a NaN in any block kept, and ``ref`` untouched."""
+    from gatelens.families import records
+
+    gen = torch.Generator().manual_seed(0)
+    ref = (torch.randn(2, 7, 10, generator=gen) * torch.logspace(-2, 2, 10)).to(dtype)
+    got = ref + 1e-4 * torch.randn(2, 7, 10, generator=gen).to(dtype)
+    before = ref.clone()
+    diff = (got.double() - ref.double()).abs()
+    want = (float(diff.max()),
+            float((diff / ref.double().abs().amax(1, keepdim=True).clamp(min=1.0)).max()))
+    monkeypatch.setattr(records, "DIFF_BYTES", 3 * 2 * 7 * dtype.itemsize)  # 3 units a block
+    got_pair = records.scaled_diff(got, ref)
+    assert got_pair == pytest.approx(want, rel=1e-6) and torch.equal(ref, before)
+    got[1, 3, 8] = float("nan")  # in the last block
+    assert [math.isnan(v) for v in records.scaled_diff(got, ref)] == [True, True]

@@ -101,8 +101,9 @@ def _held(mean: Tensor) -> Callable[[int, Tensor], Tensor]:
 
 #: the cut run's states held at once: above it the cut runs once per group of consecutive
 #: layers whose states fit, keeping that group's (a 24-layer Mamba-2 at mamba2-130m's width
-#: holds 2.4 GB of states a window)
-CUT_KEPT = 512 * 2**20
+#: holds 2.4 GB of states a window); each group's run stops at its top layer, so ten groups
+#: cost about five whole runs
+CUT_KEPT = 256 * 2**20
 
 
 def cut_trace(fam: Family, perturbed: Call, clean: Trace, p: int,
