@@ -146,7 +146,9 @@ def intervene(fam: Any, call: Call, plan: EditPlan, output: Any, offset: int = 0
               ) -> tuple[Any, dict[str, Tensor]]:
     """The module's output with ``plan``'s edits and every signal of the edited
     trajectory by trace name (B, T, ·); {} when ``plan.signals`` is False, and from the
-    first edited position on only when ``plan.known`` (the caller reads those before)."""
+    first edited position on only when ``plan.known`` (the caller reads those before).
+    With ``plan.output`` False the output is None and no layer above the last one the
+    plan keeps is run."""
     if call.state is not None:
         raise GatelensError(f"{fam.name}: an edited run starts from the zero state (no "
                             "cache)")
