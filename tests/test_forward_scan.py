@@ -27,6 +27,15 @@ def test_linear_scan_is_the_loop():
         prev = a[t] * prev + b[t]
         want.append(prev)
     assert torch.equal(s, torch.stack(want))  # bit for bit, whatever the layout
+    # written over b: the same bits, b's storage, a broadcast keep and a NaN kept
+    a, b = torch.rand(7, 3, 1, generator=g) * 16, torch.randn(7, 3, 5, generator=g)
+    a[0, 1] = float("inf")  # inf · 0 at the first step: NaN, as the package's loop gives
+    want = linear_scan(a, b)
+    got = linear_scan(a, b.transpose(0, 2).contiguous().transpose(0, 2), overwrite=True)
+    same = linear_scan(a, b, overwrite=True)
+    assert same.data_ptr() == b.data_ptr() and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert torch.equal(same.nan_to_num(), want.nan_to_num()) and bool(want.isnan().any())
 
 
 def _final_states(fam, call) -> list[torch.Tensor]:

@@ -33,15 +33,27 @@ __all__ = ["linear_scan"]
 
 
 @torch.no_grad()
-def linear_scan(a: Tensor, b: Tensor) -> Tensor:
+def linear_scan(a: Tensor, b: Tensor, overwrite: bool = False) -> Tensor:
     """s_t = a_t ⊙ s_{t−1} + b_t along dim 0 from s_{−1} = 0: (T, ...) each -> (T, ...).
 
     Each step is one multiply and one add, as the packages compute it (never fused, so
     every element is rounded exactly as in their loop whatever the memory layout); the
     first step multiplies the zero state too, so a non-finite a_0 gives what theirs gives.
     ``a`` and ``b`` are made contiguous along time (their slices are then contiguous,
-    which is what makes the loop fast). A read-out: no gradient flows through it."""
+    which is what makes the loop fast). A read-out: no gradient flows through it.
+    ``overwrite``: the states are written over ``b`` (made contiguous), which the caller
+    no longer needs: b_t + a_t ⊙ s_{t−1} rounds as a_t ⊙ s_{t−1} + b_t does, bit for bit,
+    and no second (T, ...) tensor is made (a layer of 24 Mamba-2 heads of 64 × 128 is 200 MB
+    a window in float64)."""
     a, b = a.contiguous(), b.contiguous()
+    if overwrite:
+        step = torch.empty_like(b[0])
+        torch.mul(a[0], torch.zeros_like(b[0]), out=step)
+        b[0].add_(step)
+        for t in range(1, a.shape[0]):
+            torch.mul(a[t], b[t - 1], out=step)
+            b[t].add_(step)
+        return b
     s = torch.empty_like(b)  # (T, ...)
     torch.mul(a[0], torch.zeros_like(b[0]), out=s[0])
     s[0].add_(b[0])

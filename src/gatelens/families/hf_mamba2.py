@@ -238,7 +238,7 @@ def mamba2_scan(mix: nn.Module, zxbcdt: Tensor, gated=None
     A = -torch.exp(mix.A_log.float()).to(zxbcdt.dtype)
     a = torch.exp(delta * A)
     b = delta[..., None, None] * x[..., None] * B[:, :, :, None, :]  # (T, B, NH, P, N)
-    s = linear_scan(a[..., None, None], b)
+    s = linear_scan(a[..., None, None], b, overwrite=True)  # b is not read again
     y = ((s @ C[..., None])[..., 0] + mix.D[:, None] * x).reshape(T, Bn, inner)
     y = mix.out_proj(gated(y, gate) if gated is not None else mix.norm(y, gate))
     parts = [conv_buffer(xbc.transpose(0, 1), K), s.transpose(0, 1).flatten(2)]
