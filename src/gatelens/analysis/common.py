@@ -19,7 +19,11 @@ below's reverse output too, so its state can move before a perturbed position.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
+import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,3 +86,29 @@ def finite_or_none(x: float | None) -> float | None:
 def none_to_inf(x: float | None) -> float:
     """The inverse of :func:`finite_or_none` for half-lives (null means infinite)."""
     return math.inf if x is None else float(x)
+
+
+def give_back() -> None:
+    """Hand freed memory back to the system: glibc keeps freed blocks below its mmap
+    threshold (up to 32 MiB) in its heap, where the next stage's blocks do not always fit.
+    ``measure`` calls it after each stage and each chunk (5 % off an 8-layer
+    mamba-130m-shaped model's peak over 4 windows; 0.2 GB off a 24-layer Mamba-2 window's),
+    the spectrum every 16 steps (whose resident memory grew by 0.4 GB over a window at 24
+    Mamba-2 layers). Elsewhere than glibc a no-op.
+
+    >>> give_back()
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, loaded once; None elsewhere (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None

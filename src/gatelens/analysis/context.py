@@ -41,8 +41,8 @@ MAX_CHARS = 1 << 18  # characters per call of logits_of (bounds the logits' memo
 MAX_LOGITS = 1 << 25  # logits per call: with a 50k-token vocabulary, ~670 tokens (128 MB)
 #: padded units per call of a model that pads each run to its chunk (transformers' Mamba-2
 #: pads to 256: one unit then costs ~150 kB at mamba2-130m's width; 256 one-unit runs took
-#: 10.5 GB in one call)
-MAX_PADDED = 1 << 12
+#: 10.5 GB in one call, 4,096 units 1.2 GB above the rest at 24 layers)
+MAX_PADDED = 1 << 11
 
 
 #: numbers of one layer's state a call may hold per token × unit above which ``chars_per_call``

@@ -10,9 +10,6 @@ docs/methods.md.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import sys
 import time
 from typing import Any
 
@@ -21,6 +18,7 @@ from torch import Tensor, nn
 
 from gatelens.analysis import perturb_windows
 from gatelens.analysis.chunk import Chunk, Setup
+from gatelens.analysis.common import give_back
 from gatelens.analysis.estimate import chunk_bytes, peak_resident, plan_line, time_line
 from gatelens.analysis.measurements import MEASUREMENTS
 from gatelens.analysis.result import (
@@ -149,12 +147,12 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
             bar.note(stage=m.stage)
             t0 = time.perf_counter()
             m.update(part)
-            _give_back()  # what the stage freed, before the next one's peak
+            give_back()  # what the stage freed, before the next one's peak
             clock[m.stage] += time.perf_counter() - t0
         kept = kept or kept_for_page(tr, tr2)
         # a chunk's traces go before the next is read (24 Mamba layers: 1.2 GB a window)
         del part, call, ref, cap, cap2, tr, tr2, base_tr
-        _give_back()
+        give_back()
         if progress and b0 == 0 and B > step:
             bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step,
                                 peak=peak_resident()))
@@ -176,27 +174,6 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
                  perturb_pos=s.perturb_pos, **kept, **found, **(run or {}))
     clock["analyses"] += time.perf_counter() - t0
     return a
-
-
-def _give_back() -> None:
-    """Hand freed memory back to the system, after each stage and each chunk: glibc keeps
-    freed blocks below its mmap threshold (up to 32 MiB) in its heap, where the next
-    stage's blocks do not always fit (5 % off an 8-layer mamba-130m-shaped model's peak
-    over 4 windows; 0.2 GB off a 24-layer Mamba-2 window's). Elsewhere a no-op."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, loaded once; None elsewhere (macOS, musl)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:

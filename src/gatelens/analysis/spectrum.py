@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gatelens.analysis.common import finite_or_none
+from gatelens.analysis.common import finite_or_none, give_back
 from gatelens.analysis.divergence import DivergenceRate
 from gatelens.analysis.slow_modes import SLOW_EXPONENT, SlowMode, describe_slow, slow_modes
 from gatelens.analysis.spectrum_plan import (  # noqa: F401 - re-exported
@@ -243,6 +243,8 @@ def _direction(d: Dynamics, Q: Tensor, burn_in: int, n_units: int
             Q, r = orthonormalise(V)  # (B, S, k), (B, k)
         if counted:
             total += torch.log(r)
+        if j % 16 == 15:
+            give_back()  # the steps' freed blocks, before the heap fragments (common.py)
     w = torch.zeros(B, n_units, k, dtype=torch.float64, device=Q.device)
     keep = d.units >= 0  # a projected h belongs to no unit
     w.index_add_(1, d.units[keep].to(Q.device), Q[:, keep] ** 2)  # (B, units, k)
