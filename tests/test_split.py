@@ -150,6 +150,23 @@ def test_an_analysis_over_its_trace_budget_keeps_the_first_units_for_the_page(mo
     assert set(paths) == {"measured"} and paths["measured"]["shape"] == [1, 8, 6]
 
 
+def _small(transformers, kind: str, lm: bool, vocab: int, layers: int, hidden: int,
+           head_dim: int, chunk: int, **mamba2):
+    """A small random transformers Mamba ("mamba") or Mamba-2 ("mamba2"), its causal LM or
+    its backbone, seeded 0."""
+    torch.manual_seed(0)
+    if kind == "mamba":
+        cls = transformers.MambaForCausalLM if lm else transformers.MambaModel
+        return cls(transformers.MambaConfig(vocab_size=vocab, hidden_size=hidden, state_size=4,
+                                            num_hidden_layers=layers, expand=2,
+                                            use_cache=False)).eval()
+    cls = transformers.Mamba2ForCausalLM if lm else transformers.Mamba2Model
+    return cls(transformers.Mamba2Config(
+        vocab_size=vocab, hidden_size=hidden, state_size=4, num_hidden_layers=layers,
+        num_heads=4, head_dim=head_dim, expand=2, n_groups=1, chunk_size=chunk,
+        use_cache=False, **mamba2)).eval()
+
+
 @pytest.mark.parametrize("kind", ["mamba", "mamba2"])
 def test_an_edited_run_gives_only_the_names_kept(kind, monkeypatch):
     """``EditPlan(keep=...)``: the return path cut reads the states alone, and transformers'
@@ -160,15 +177,7 @@ def test_an_edited_run_gives_only_the_names_kept(kind, monkeypatch):
     from gatelens.families.edit_plan import EditPlan, StepChange
     from gatelens.families.registry import open_family
 
-    torch.manual_seed(0)
-    if kind == "mamba":
-        m = transformers.MambaModel(transformers.MambaConfig(
-            vocab_size=9, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
-            use_cache=False)).eval()
-    else:
-        m = transformers.Mamba2Model(transformers.Mamba2Config(
-            vocab_size=9, hidden_size=8, state_size=4, num_hidden_layers=2, num_heads=4,
-            head_dim=4, expand=2, n_groups=1, chunk_size=4, use_cache=False)).eval()
+    m = _small(transformers, kind, lm=False, vocab=9, layers=2, hidden=8, head_dim=4, chunk=4)
     fam = open_family(m)
     call = fam.check(torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1)))
     handed: list[dict] = []
@@ -298,16 +307,8 @@ def test_the_perturbed_run_is_replayed_a_layer_at_a_time(kind, monkeypatch):
     from gatelens.analysis import measure as measure_mod
     from gatelens.families import official_layers
 
-    torch.manual_seed(0)
-    if kind == "mamba":
-        m = transformers.MambaForCausalLM(transformers.MambaConfig(
-            vocab_size=13, hidden_size=8, state_size=4, num_hidden_layers=3, expand=2,
-            use_cache=False)).eval()
-    else:
-        m = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
-            vocab_size=13, hidden_size=16, state_size=4, num_hidden_layers=3, num_heads=4,
-            head_dim=8, expand=2, n_groups=1, conv_kernel=3, chunk_size=8,
-            use_cache=False)).eval()
+    m = _small(transformers, kind, lm=True, vocab=13, layers=3,
+               hidden=8 if kind == "mamba" else 16, head_dim=8, chunk=8, conv_kernel=3)
     vocab = [chr(97 + i) for i in range(13)]
     ids = torch.randint(0, 13, (3, 24), generator=torch.Generator().manual_seed(1))
     lens = gatelens.Lens(m, vocab=vocab)
