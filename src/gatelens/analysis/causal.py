@@ -193,7 +193,8 @@ def cut_rows(clean: Trace, uncut: Trace, cut: Trace, p: int,
     for k in range(clean.num_layers):
         name = f"{layer_name(k)}.{clean.state_name}"
         own: dict[str, Tensor] = {}  # layer k's ‖·‖² at each lag, its blocks' sums
-        for block, part in zip(split.blocks(k), split.parts(k), strict=True):
+        for block in split.blocks(k):
+            part = split.layer(k, block)
             d = {"measured": cut[name][..., block].double() - clean[name][..., block].double(),
                  "uncut": part["measured"], "forget_path": part["forget_path"]}  # δs_cut
             residual = nan_max(residual, float((d["measured"] - d["forget_path"])[:, p:]

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
 from gatelens.cells.equations import StepEdit
+from gatelens.cells.names import layer_name
 
 #: the write of an official family's step into its state, e_t = s_t − A_t(s_{t−1}): a
 #: letter a plan may edit besides the trace's (families/official_edit.py)
@@ -79,6 +81,16 @@ class EditPlan:
     def wants(self, name: str) -> bool:
         """Whether the caller reads the trace name ``name`` of the edited run."""
         return self.signals and (self.keep is None or name in self.keep)
+
+    def through(self, fam: Any) -> int:
+        """How many of ``fam``'s layers, from the bottom, the edited run must go through:
+        every one when it gives the module's output, else up to the last layer it keeps a
+        signal of (``output`` False)."""
+        L = fam.num_layers
+        if self.output:
+            return L
+        return max((k + 1 for k in range(L) for g in fam.letters(k)
+                    if self.wants(f"{layer_name(k)}.{g}")), default=0)
 
     def __bool__(self) -> bool:
         return bool(self.changes)

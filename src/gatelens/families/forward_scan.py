@@ -41,23 +41,17 @@ def linear_scan(a: Tensor, b: Tensor, overwrite: bool = False) -> Tensor:
     first step multiplies the zero state too, so a non-finite a_0 gives what theirs gives.
     ``a`` and ``b`` are made contiguous along time (their slices are then contiguous,
     which is what makes the loop fast). A read-out: no gradient flows through it.
-    ``overwrite``: the states are written over ``b`` (made contiguous), which the caller
-    no longer needs: b_t + a_t ⊙ s_{t−1} rounds as a_t ⊙ s_{t−1} + b_t does, bit for bit,
-    and no second (T, ...) tensor is made (a layer of 24 Mamba-2 heads of 64 × 128 is 200 MB
-    a window in float64)."""
-    a, b = a.contiguous(), b.contiguous()
-    if overwrite:
-        step = torch.empty_like(b[0])
-        torch.mul(a[0], torch.zeros_like(b[0]), out=step)
-        b[0].add_(step)
-        for t in range(1, a.shape[0]):
-            torch.mul(a[t], b[t - 1], out=step)
-            b[t].add_(step)
-        return b
-    s = torch.empty_like(b)  # (T, ...)
-    torch.mul(a[0], torch.zeros_like(b[0]), out=s[0])
-    s[0].add_(b[0])
+    The states are written over a copy of ``b`` (b_t + a_t ⊙ s_{t−1} rounds as
+    a_t ⊙ s_{t−1} + b_t does, bit for bit); with ``overwrite`` over ``b`` itself (made
+    contiguous), which the caller no longer needs, so no second (T, ...) tensor is made (a
+    layer of 24 Mamba-2 heads of 64 × 128 is 200 MB a window in float64)."""
+    a, s = a.contiguous(), b.contiguous()
+    if s is b and not overwrite:  # b is the caller's: the states go in a copy of it
+        s = b.clone()
+    step = torch.empty_like(s[0])
+    torch.mul(a[0], torch.zeros_like(s[0]), out=step)
+    s[0].add_(step)
     for t in range(1, a.shape[0]):
-        torch.mul(a[t], s[t - 1], out=s[t])
-        s[t].add_(b[t])
+        torch.mul(a[t], s[t - 1], out=step)
+        s[t].add_(step)
     return s

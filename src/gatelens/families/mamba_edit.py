@@ -92,11 +92,8 @@ def layer_steps(fam: Any, call: Call, plan: EditPlan, begin: Any, first: int, of
     Din, N, K = fam.d_inner, fam.d_state, fam.d_conv
     x = call.inputs[:, first:]  # (B, T', D): the block inputs from the first edit on
     rows: dict[str, Tensor] = {}
-    L = fam.num_layers
-    top = L if plan.output else max((k + 1 for k in range(L) for g in fam.letters(k)
-                                     if plan.wants(f"{layer_name(k)}.{g}")), default=0)
     with torch.set_grad_enabled(plan.grad):
-        for k in range(top):  # no layer above the last one kept (EditPlan.output)
+        for k in range(plan.through(fam)):  # no layer above the last one kept (EditPlan.output)
             name, mix = layer_name(k), fam.mixers(m)[k]
             buf, s = (p.to(dtype) for p in begin.parts[k])
             u = fam.pre(k, m, x)

@@ -220,7 +220,7 @@ def _steps(fam: Any, call: Call, plan: EditPlan, begin: Start, first: int, offse
     steps: list[Tensor] = []
     wanted = {k: [g for g in fam.letters(k) if plan.wants(f"{layer_name(k)}.{g}")]
               for k in range(L)}
-    top = L if plan.output else max((k + 1 for k in range(L) if wanted[k]), default=0)
+    top = plan.through(fam)
     with torch.set_grad_enabled(plan.grad):
         for t in range(first, T):
             x, v_first = call.inputs[:, t], None
