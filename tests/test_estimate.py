@@ -7,8 +7,20 @@ import re
 
 import torch
 
-from gatelens.analysis.estimate import chunk_bytes, peak_resident, plan_line, time_line
-from gatelens.analysis.measure import MEMORY_BUDGET, chunk_windows, encoder_runner, measure
+from gatelens.analysis.estimate import (
+    chunk_bytes,
+    peak_resident,
+    plan_line,
+    time_line,
+    working_bytes,
+)
+from gatelens.analysis.measure import (
+    MEMORY_BUDGET,
+    chunk_windows,
+    encoder_runner,
+    measure,
+    trace_bytes,
+)
 from gatelens.families.registry import family_of
 
 
@@ -20,7 +32,10 @@ def test_the_lines_before_and_after_the_first_chunk(capsys):
     measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=0, chunk=2, progress=True)
     err = capsys.readouterr().err.splitlines()
     plan = next(i for i, line in enumerate(err) if "working memory" in line)
-    assert err[plan] == plan_line(windows=5, length=20, step=2, units=12, layers=2)
+    weights = 2 * sum(p.numel() * 4 for p in lstm.parameters())  # their float64 copy
+    per_token = 2 * 6 * 6 * 4  # 2 layers × i f g o c h × 6 units × 4 bytes
+    assert err[plan] == plan_line(windows=5, length=20, step=2, per_token=per_token,
+                                  module=weights, layers=2)
     assert "5 windows × 20 in 3 chunks of 2" in err[plan]
     timed = [line for line in err if "the first chunk took" in line]
     assert len(timed) == 1 and err.index(timed[0]) > plan
@@ -39,7 +54,7 @@ def test_the_chunk_rule_is_the_estimates():
     step = chunk_windows(fam, 128)
     assert chunk_bytes(step, 128, 325) <= MEMORY_BUDGET < chunk_bytes(step + 1, 128, 325)
     assert time_line(first=90.0, windows=40, step=10).endswith("all 4 ≈ 6.0 min")
-    assert plan_line(windows=3, length=8, step=10, units=4).startswith(
+    assert plan_line(windows=3, length=8, step=10, per_token=4).startswith(
         "gatelens analyze: 3 windows × 8 in 1 chunk of 3")
 
 
@@ -69,3 +84,29 @@ def test_a_state_wider_than_its_units_is_counted_by_its_coordinates():
     assert fam.hidden_size == 8 and _units(fam) == 2 * 8 * 16 * 16
     lstm = family_of(torch.nn.LSTM(84, 325, num_layers=2))
     assert _units(lstm) == 2 * 325  # a unit a coordinate: as before
+
+
+def test_the_estimate_counts_the_trace_a_token_really_holds():
+    """The line before the start counts the widths of the first window's trace: a Mamba-2
+    layer's trace is mostly its state (heads × head_dim × d_state a token), one number a
+    coordinate, where the chunk rule counts 80 bytes a coordinate (24 layers of mamba2-130m's
+    width: ≈ 43 GiB said for a window that peaked under 6)."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    import gatelens
+
+    torch.manual_seed(0)
+    m = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+        vocab_size=11, hidden_size=64, num_hidden_layers=2, state_size=16, head_dim=16,
+        num_heads=8, expand=2, n_groups=1, use_cache=False)).eval()
+    lens = gatelens.Lens(m, vocab=11)
+    (path,) = list(lens.families)
+    fam, run = lens.families[path], lens.runner(path)
+    ids = torch.randint(0, 11, (1, 6))
+    per = trace_bytes(fam, run, ids[:, :4])
+    state = 2 * 8 * 16 * 16 * 4  # 2 layers × 8 heads × 16 × 16, float32
+    assert state <= per < 1.25 * state
+    assert trace_bytes(fam, run, ids) == per  # the same a token, whatever the length
+    estimate = working_bytes(1, 128, per, layers=2)
+    assert estimate < chunk_bytes(1, 128, 2 * 8 * 16 * 16, 2) / 4

@@ -1,23 +1,30 @@
 """What an analysis will cost, said before it runs: its chunks and the working memory of
-one (from the module's size), then, once the first chunk is timed, the time of all of them.
+one (from the widths of the first window's trace), then, once the first chunk is timed, the
+time of all of them and the peak resident memory measured.
 
->>> print(plan_line(windows=64, length=128, step=16, units=650))
-gatelens analyze: 64 windows × 128 in 4 chunks of 16; working memory ≈ 406 MiB a chunk
+>>> print(plan_line(windows=64, length=128, step=16, per_token=10_000, module=2**20))
+gatelens analyze: 64 windows × 128 in 4 chunks of 16; working memory ≈ 255 MiB a chunk
 >>> print(time_line(first=2.0, windows=64, step=16))
 gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s
 >>> print(time_line(first=2.0, windows=64, step=16, peak=3 * 2**29))
 gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s; peak resident memory so far 1.5 GiB
 
-The working memory before the start is a rule of thumb counted per state coordinate
-(calibrated on Mamba-1, whose every coordinate has its own keep; several times too high
-for a state kept per head); the peak after the first chunk is the process's own, measured.
+Two counts, for two purposes. The chunk size (``chunk_bytes``) is a rule of thumb counted
+per coordinate of the carried state, known before anything runs; it over-counts a state
+kept per head, so it never puts more windows in a chunk than the state allows. The line
+printed before the start (``working_bytes``) counts what a chunk really holds: the bytes a
+token of the clean trace takes (every signal of every layer, read from the first
+window's trace) times ``HELD_PER_TRACE``, one layer's share of it times
+``HELD_PER_LAYER``, and the float64 copy of the module the verification makes. The peak
+after the first chunk is the process's own, measured.
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["chunk_bytes", "peak_resident", "plan_line", "time_line"]
+__all__ = ["HELD_PER_LAYER", "HELD_PER_TRACE", "chunk_bytes", "peak_resident", "plan_line",
+           "time_line", "working_bytes"]
 
 #: bytes a window costs, per character and unit of the carried state, in float32 units:
 #: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
@@ -39,16 +46,42 @@ def chunk_bytes(step: int, length: int, units: int, layers: int = 1) -> int:
     return int(step * length * units * per)
 
 
+#: what a chunk holds at its peak over its clean trace's bytes, for the whole stack (the
+#: perturbed run's states and outputs, PyTorch's own states, the dynamics' tangents) and for
+#: one layer's share (its float64 split and checks, held a layer at a time); fitted on
+#: measured peaks less the resident memory before and the float64 copy (an LSTM of 325
+#: units in chunks of 60 windows, 12 times its trace; 24 Mamba-1 layers, 3.1 to 4; 24
+#: Mamba-2 layers, 1.7 to 1.9: docs/report.md "Streaming")
+HELD_PER_TRACE, HELD_PER_LAYER = 3.0, 10.0
+
+
+def working_bytes(step: int, length: int, per_token: int, module: int = 0,
+                  layers: int = 1) -> int:
+    """The working memory of one chunk of ``step`` windows × ``length`` tokens whose clean
+    trace over ``layers`` layers takes ``per_token`` bytes a token, with ``module`` bytes
+    of float64 weights.
+
+    >>> working_bytes(2, 128, 1000) == 2 * working_bytes(1, 128, 1000)
+    True
+    >>> working_bytes(1, 100, 1000, layers=24) < working_bytes(1, 100, 1000) / 3
+    True
+    """
+    held = HELD_PER_TRACE + HELD_PER_LAYER / max(1, layers)
+    return int(step * length * per_token * held) + module
+
+
 def _chunks(windows: int, step: int) -> int:
     return -(-windows // step)
 
 
-def plan_line(*, windows: int, length: int, step: int, units: int, layers: int = 1) -> str:
-    """The line printed before the first chunk."""
+def plan_line(*, windows: int, length: int, step: int, per_token: int, module: int = 0,
+              layers: int = 1) -> str:
+    """The line printed before the first chunk (``working_bytes``'s count)."""
     n = _chunks(windows, step)
-    mib = chunk_bytes(min(step, windows), length, units, layers) / 2**20
+    size = working_bytes(min(step, windows), length, per_token, module, layers)
+    said = f"{size / 2**20:.0f} MiB" if size < 2**30 else f"{size / 2**30:.1f} GiB"
     return (f"gatelens analyze: {windows} windows × {length} in {n} chunk{'s' * (n > 1)} of "
-            f"{min(step, windows)}; working memory ≈ {mib:.0f} MiB a chunk")
+            f"{min(step, windows)}; working memory ≈ {said} a chunk")
 
 
 def time_line(*, first: float, windows: int, step: int, peak: int | None = None) -> str:

@@ -36,6 +36,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Reference
 from gatelens.families.official_layers import replayed, streams
 from gatelens.families.registry import open_family
+from gatelens.families.torch_ops import no_embedding
 from gatelens.progress import Progress
 from gatelens.readout.trace import assemble, read, trace
 from gatelens.readout.trace_types import Trace
@@ -70,6 +71,32 @@ def _units(fam: Family) -> int:
     if per is None:
         return fam.num_layers * (2 if fam.bidirectional else 1) * fam.hidden_size
     return sum(max(len(per(k)), fam.unit_count(k)) for k in range(fam.num_layers))
+
+
+def trace_bytes(fam: Family, runner: Runner, ids: Tensor) -> int:
+    """The bytes a token of ``ids``'s clean trace takes: every signal of every layer, as
+    ``measure`` reads them (the estimate's count, ``estimate.working_bytes``).
+
+    >>> lstm = torch.nn.LSTM(3, 4, num_layers=2, batch_first=True)
+    >>> run = encoder_runner(lambda i: torch.nn.functional.one_hot(i, 3).float())
+    >>> from gatelens.families.registry import family_of
+    >>> trace_bytes(family_of(lstm), run, torch.zeros(1, 5, dtype=torch.long))
+    192
+
+    (2 layers × 6 signals, i f g o c h, × 4 units × 4 bytes.)
+    """
+    with torch.no_grad():
+        tr = _read(fam, runner(ids))[2]
+    return sum(t.numel() * t.element_size() for t in tr.values()) // max(1, ids.numel())
+
+
+def _weights(module: nn.Module) -> int:
+    """The bytes of ``module``'s floating-point parameters, less a Hugging Face model's input
+    embedding table (which its float64 copy leaves out: ``torch_ops.no_embedding``)."""
+    left = no_embedding(module)
+    out = {id(p) for m in module.modules() if id(m) in left for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in module.parameters()
+               if p.is_floating_point() and id(p) not in out)
 
 
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
@@ -130,8 +157,8 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     kept: dict = {}
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
     if progress:  # what it will cost, before it starts (analysis/estimate.py)
-        bar.write(plan_line(windows=B, length=T, step=step, units=_units(fam),
-                            layers=fam.num_layers))
+        bar.write(plan_line(windows=B, length=T, step=step, per_token=trace_bytes(
+            fam, runner, ids[:1]), module=2 * _weights(fam.module), layers=fam.num_layers))
     started = time.perf_counter()
     for b0 in range(0, B, step):
         w, wp = ids[b0 : b0 + step], perturbed[b0 : b0 + step]

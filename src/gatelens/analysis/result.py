@@ -45,8 +45,10 @@ class Captured:
 #: ids (B, T) -> what the recurrent module saw when the model read them.
 Runner = Callable[[Tensor], Captured]
 
-#: bytes of the first chunk's two traces an analysis keeps for its page (``kept_for_page``)
-TRACES_KEPT = 512 * 2**20
+#: bytes of the first chunk's two traces an analysis keeps for its page (``kept_for_page``):
+#: held through every later chunk, and many times what the page draws (``BYTE_BUDGET``,
+#: 16 windows at most); 512 MiB set the peak of a 24-layer Mamba-2's second window
+TRACES_KEPT = 128 * 2**20
 
 
 def kept_for_page(tr: Trace, tr2: Trace, budget: int | None = None) -> dict[str, Trace]:
