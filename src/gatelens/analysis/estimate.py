@@ -50,8 +50,8 @@ def chunk_bytes(step: int, length: int, units: int, layers: int = 1) -> int:
 #: perturbed run's states and outputs, PyTorch's own states, the dynamics' tangents) and for
 #: one layer's share (its float64 split and checks, held a layer at a time); fitted on
 #: measured peaks less the resident memory before and the float64 copy (an LSTM of 325
-#: units in chunks of 60 windows, 12 times its trace; 24 Mamba-1 layers, 3.1 to 4; 24
-#: Mamba-2 layers, 1.7 to 1.9: docs/report.md "Streaming")
+#: units in chunks of 60 windows, 12 times its trace; 24 Mamba-1 layers, 3.7; 24 Mamba-2
+#: layers, 1.8: docs/report.md "Streaming")
 HELD_PER_TRACE, HELD_PER_LAYER = 3.0, 10.0
 
 
