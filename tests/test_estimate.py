@@ -90,7 +90,7 @@ def test_the_estimate_counts_the_trace_a_token_really_holds():
     """The line before the start counts the widths of the first window's trace: a Mamba-2
     layer's trace is mostly its state (heads × head_dim × d_state a token), one number a
     coordinate, where the chunk rule counts 80 bytes a coordinate (24 layers of mamba2-130m's
-    width: ≈ 43 GiB said for a window that peaked under 6)."""
+    width: 43,008 MiB said for a window that held 4.8 GiB)."""
     import pytest
 
     transformers = pytest.importorskip("transformers")
