@@ -322,3 +322,49 @@ def test_tangents_in_smaller_calls_give_the_same_spectrum(dynamics_of, monkeypat
     parts = lyapunov_spectrum(dyn, k=12, seed=1, burn_in=6, hidden=m.hidden_size)
     assert np.abs(parts.per_window - whole.per_window).max() <= 1e-12
     assert np.abs(parts.loadings - whole.loadings).max() <= 1e-12
+
+
+def test_a_frame_handed_over_is_dropped_once_read(dynamics_of, monkeypatch) -> None:
+    """Each frame goes as soon as it is read, so a step holds two frames of (B, S, k), not
+    four (24 Mamba-2 layers: 113 MB a frame). CholeskyQR2's second pass runs without V, and
+    the frame pushed is gone before its image is orthonormalised (the exponents are the
+    same as ever: the chaotic LSTM's figures elsewhere in this file)."""
+    import warnings
+    import weakref
+
+    from gatelens.analysis import spectrum
+
+    V = torch.randn(1, 400, 3, dtype=torch.float64)
+    seen: list[bool] = []
+    solve = torch.linalg.solve_triangular
+
+    def watched(*a, **k):
+        seen.append(ref() is not None)
+        return solve(*a, **k)
+
+    ref = weakref.ref(V)
+    held = [V]
+    del V
+    monkeypatch.setattr(torch.linalg, "solve_triangular", watched)
+    Q, r = spectrum._orthonormalise(held)
+    assert held == [] and seen == [True, False]  # V read by the first pass only
+    monkeypatch.setattr(torch.linalg, "solve_triangular", solve)
+
+    m, x = MODELS["lstm x16, 2 layers"](), onehot(2, 30, 5)
+    (dyn,) = dynamics_of(m, x)
+    frame = torch.linalg.qr(torch.randn(2, dyn.size, 4, dtype=torch.float64))[0]
+    start, alive = [frame], weakref.ref(frame)
+    del frame
+    inner, gone = spectrum._orthonormalise, []
+
+    def checked(h):
+        gone.append(alive() is None)  # the start frame, pushed, before its image is read
+        return inner(h)
+
+    monkeypatch.setattr(spectrum, "_orthonormalise", checked)
+    with warnings.catch_warnings():  # forward AD's decompositions, first loaded (update's)
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
+                                category=DeprecationWarning)
+        exponents = spectrum._direction(dyn, start, 6, int(dyn.units.max()) + 1)[0]
+    assert start == [] and len(gone) == 30 and all(gone)
+    assert torch.isfinite(exponents).all()

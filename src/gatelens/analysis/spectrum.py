@@ -173,8 +173,8 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
         return tuple(d.step(x, list(s)))
 
     if k == 1:  # the divergence rate's own arithmetic
-        def push1(Q: Tensor) -> Tensor:
-            _, out = torch.func.jvp(f, prev, tuple(Q[:, :, 0].split(sizes, dim=-1)))
+        def push1(held: list[Tensor]) -> Tensor:
+            _, out = torch.func.jvp(f, prev, tuple(held.pop()[:, :, 0].split(sizes, dim=-1)))
             return torch.cat(out, dim=-1)[:, :, None]
         return push1
 
@@ -187,8 +187,9 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
     chunk = max(1, min(TANGENT_CHUNK, TANGENT_NUMBERS // max(1, len(prev[0]) * sum(sizes))))
     batched = torch.func.vmap(one, in_dims=2, out_dims=2, chunk_size=chunk)
 
-    def push(Q: Tensor) -> Tensor:
-        return torch.cat(batched(*Q.split(sizes, dim=1)), dim=1)  # (B, S, k)
+    def push(held: list[Tensor]) -> Tensor:
+        parts = batched(*held.pop().split(sizes, dim=1))  # the frame goes before the cat
+        return torch.cat(parts, dim=1)  # (B, S, k)
     return push
 
 
@@ -204,6 +205,14 @@ def orthonormalise(V: Tensor) -> tuple[Tensor, Tensor]:
     >>> [round(float(x), 9) for x in r[0]], float((Q.mT @ Q - torch.eye(2)).abs().max()) < 1e-15
     ([5.0, 2.039607805], True)
     """
+    return _orthonormalise([V])
+
+
+def _orthonormalise(held: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """``orthonormalise`` of the frame ``held`` hands over (the list is emptied): V is
+    dropped once the second pass's checks say Householder will not need it, so a pass holds
+    two frames, not three (24 Mamba-2 layers: 113 MB a frame)."""
+    V = held.pop()
     eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
     Q, R = V, eye
     for attempt in range(2):
@@ -213,6 +222,8 @@ def orthonormalise(V: Tensor) -> tuple[Tensor, Tensor]:
         L, info = torch.linalg.cholesky_ex(G)
         if bool(info.any()):
             break
+        if attempt == 1:
+            V = None  # the checks passed: Householder's fallback will not read it
         Q = torch.linalg.solve_triangular(L.mT, Q, upper=True, left=False)
         R = L.mT @ R
     else:
@@ -221,11 +232,12 @@ def orthonormalise(V: Tensor) -> tuple[Tensor, Tensor]:
     return Q, R.diagonal(dim1=-2, dim2=-1).abs()
 
 
-def _direction(d: Dynamics, Q: Tensor, burn_in: int, n_units: int
+def _direction(d: Dynamics, start: list[Tensor], burn_in: int, n_units: int
                ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
-    """One direction on its windows from the frames Q (B, S, k): per-window exponents
-    (B, k), ln |det J_t| (B,) when k = S, and the last frame's PR (B, k) and pooled
-    loadings summed over the windows (units, k)."""
+    """One direction on its windows from the frames Q (B, S, k) that ``start`` hands over
+    (the list is emptied): per-window exponents (B, k), ln |det J_t| (B,) when k = S, and
+    the last frame's PR (B, k) and pooled loadings summed over the windows (units, k)."""
+    Q = start.pop()
     B, S, k = Q.shape
     n = _counted(d, burn_in)
     total = torch.zeros(B, k, dtype=torch.float64, device=Q.device)
@@ -233,14 +245,18 @@ def _direction(d: Dynamics, Q: Tensor, burn_in: int, n_units: int
     for j, t in enumerate(d.order):
         push = _pusher(d, d.inputs[:, t], d.previous(j), k)
         counted = j + d.offset >= burn_in
-        V = push(Q)  # (B, S, k) = J_t Q_{t−1}
+        held = [Q]  # each frame is handed over and goes as soon as it is read
+        del Q  # (24 Mamba-2 layers: 113 MB a frame)
+        V = push(held)  # (B, S, k) = J_t Q_{t−1}
         if logdet is not None and counted:  # |det Q_{t−1}| = 1: ln |det V| = ln |det J_t|
             logdet += torch.linalg.slogdet(V).logabsdet
         if k == 1:
             r = torch.sqrt((V * V).sum(dim=1))  # (B, 1)
             Q = V / r[:, None, :]
         else:
-            Q, r = orthonormalise(V)  # (B, S, k), (B, k)
+            held = [V]
+            del V
+            Q, r = _orthonormalise(held)  # (B, S, k), (B, k)
         if counted:
             total += torch.log(r)
         if j % 16 == 15:
@@ -316,8 +332,8 @@ class SpectrumAccumulator:
                                     category=DeprecationWarning)
             for i, d in enumerate(dynamics):
                 B = int(d.inputs.shape[0])
-                Q = self.starts.take(i, B)[:, :, : self.ks[i]].to(d.inputs.device)
-                out = _direction(d, Q, self.burn_in, self.n_units[i])
+                start = [self.starts.take(i, B)[:, :, : self.ks[i]].to(d.inputs.device)]
+                out = _direction(d, start, self.burn_in, self.n_units[i])
                 self.parts[i].append(tuple(None if t is None else t.cpu() for t in out[:3]))
                 self.loadings[i] = self.loadings[i] + out[3].cpu()  # 24 Mamba layers: 90 MB
 
