@@ -1,5 +1,5 @@
 """What an analysis will cost, said before it runs: its chunks and the working memory of
-one (from the widths of the first window's trace), then, once the first chunk is timed, the
+one (from the widths of the first chunk's trace), then, once the first chunk is timed, the
 time of all of them and the peak resident memory measured.
 
 >>> print(plan_line(windows=64, length=128, step=16, per_token=10_000, module=2**20))
@@ -12,9 +12,9 @@ gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s; peak resident mem
 Two counts, for two purposes. The chunk size (``chunk_bytes``) is a rule of thumb counted
 per coordinate of the carried state, known before anything runs; it over-counts a state
 kept per head, so it never puts more windows in a chunk than the state allows. The line
-printed before the start (``working_bytes``) counts what a chunk really holds: the bytes a
-token of the clean trace takes (every signal of every layer, read from the first
-window's trace) times ``HELD_PER_TRACE``, one layer's share of it times
+printed once the first chunk's trace is read, before any measurement runs
+(``working_bytes``), counts what a chunk really holds: the bytes a token of the clean trace
+takes (every signal of every layer) times ``HELD_PER_TRACE``, one layer's share of it times
 ``HELD_PER_LAYER``, and the float64 copy of the module the verification makes. The peak
 after the first chunk is the process's own, measured.
 """
@@ -76,7 +76,7 @@ def _chunks(windows: int, step: int) -> int:
 
 def plan_line(*, windows: int, length: int, step: int, per_token: int, module: int = 0,
               layers: int = 1) -> str:
-    """The line printed before the first chunk (``working_bytes``'s count)."""
+    """The line printed before the first chunk is measured (``working_bytes``'s count)."""
     n = _chunks(windows, step)
     size = working_bytes(min(step, windows), length, per_token, module, layers)
     said = f"{size / 2**20:.0f} MiB" if size < 2**30 else f"{size / 2**30:.1f} GiB"

@@ -86,8 +86,14 @@ def trace_bytes(fam: Family, runner: Runner, ids: Tensor) -> int:
     (2 layers × 6 signals, i f g o c h, × 4 units × 4 bytes.)
     """
     with torch.no_grad():
-        tr = _read(fam, runner(ids))[2]
-    return sum(t.numel() * t.element_size() for t in tr.values()) // max(1, ids.numel())
+        return _per_token(_read(fam, runner(ids))[2])
+
+
+def _per_token(tr: Trace) -> int:
+    """The bytes a token of the trace ``tr`` (B, T, ·) takes."""
+    first = next(iter(tr.values()), None)
+    tokens = 1 if first is None else first.shape[0] * first.shape[1]
+    return sum(t.numel() * t.element_size() for t in tr.values()) // max(1, tokens)
 
 
 def _weights(module: nn.Module) -> int:
@@ -156,9 +162,6 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     step = chunk or chunk_windows(fam, T)
     kept: dict = {}
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
-    if progress:  # what it will cost, before it starts (analysis/estimate.py)
-        bar.write(plan_line(windows=B, length=T, step=step, per_token=trace_bytes(
-            fam, runner, ids[:1]), module=2 * _weights(fam.module), layers=fam.num_layers))
     started = time.perf_counter()
     for b0 in range(0, B, step):
         w, wp = ids[b0 : b0 + step], perturbed[b0 : b0 + step]
@@ -170,6 +173,9 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         base_tr = None if base is None else _read(base[1], base[2](w))[2]
         part = Chunk(setup, b0, w, cap, cap2, call, ref, tr, tr2, base_tr)
         clock["trace"] += time.perf_counter() - t0
+        if progress and b0 == 0:  # what it will cost, from the first trace (estimate.py)
+            bar.write(plan_line(windows=B, length=T, step=step, per_token=_per_token(tr),
+                                module=2 * _weights(fam.module), layers=fam.num_layers))
         for m in active:
             bar.note(stage=m.stage)
             t0 = time.perf_counter()
