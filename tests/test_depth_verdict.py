@@ -249,3 +249,82 @@ def test_only_the_layers_float32_rejects_are_rejudged(wrong_last_layer, monkeypa
     assert v.layers[:2] == f32[:2]  # the layers float32 passes keep their float32 rows
     assert v.layers[2].max_scaled_diff_h > 5e-4 and not v.passed
     assert "above 1e-05 on layer 2;" in v.explain()
+
+
+def _wrong_on(monkeypatch, marked: torch.Tensor) -> None:
+    """HF Mamba's read-out with the last layer's state off by 1e-3 relative on the window
+    whose inputs are ``marked`` (T, D) only (found by its inputs, so also in a call of that
+    window alone)."""
+    read = HFMambaFamily._read_layer
+
+    def off(self, k, m, call, ref):
+        out = read(self, k, m, call, ref)
+        if k == self.num_layers - 1:
+            for b in range(call.batch):
+                if torch.allclose(call.inputs[b].double(), marked.double(), atol=1e-6):
+                    out["s"][b] *= 1 + 1e-3
+        return out
+
+    monkeypatch.setattr(HFMambaFamily, "_read_layer", off)
+
+
+def test_the_rejudgement_runs_on_the_window_float32_judged_worst(monkeypatch) -> None:
+    """METHODS "Verdicts at depth": where float32 rejects layers, float64 re-judges them on
+    the one window where the float32 figure was largest (every other window's is at most
+    that one, which float64 then shows to be rounding or not): a correct read-out passes as
+    it does on every window; a read-out wrong on one window only is re-judged on that one
+    and fails; only that window's float64 forward runs."""
+    from gatelens.families.registry import open_family
+    from gatelens.readout import depth
+    from gatelens.readout.verify import verify_call
+
+    m = _mamba(24)
+    ids = torch.randint(0, 11, (4, 6), generator=torch.Generator().manual_seed(3))
+    fam = open_family(m)
+    call = fam.check(m.embeddings(ids).detach())
+    batches = []
+    step = depth.one_step_float64
+    monkeypatch.setattr(depth, "one_step_float64", lambda fam, call, layers=None: batches.append(
+        call.batch) or step(fam, call, layers))
+    with torch.no_grad():
+        ref = fam.reference(call)
+        f32 = fam.one_step(call, ref)
+        v = verify_call(fam, call, ref)
+        # each window's own float32 figure over the layers float32 rejected, independently
+        rejected = v.meta["float64_rejudge"]["layers"]
+        per = []
+        for w in range(4):
+            one = depth.window_call(call, w)
+            rows = fam.one_step(one, fam.reference(one))
+            per.append(max(r.max_scaled_diff_h for r in rows if r.layer in rejected))
+    assert rejected and batches == [1]
+    assert v.meta["float64_rejudge"]["windows"] == [per.index(max(per))]
+    assert max(per) == v.meta["float64_rejudge"]["float32_one_step"] == max(
+        r.max_scaled_diff_h for r in f32)
+    whole = step(fam, call, rejected)  # every window in float64: passes as well
+    assert v.passed and max(r.max_scaled_diff_h for r in whole) <= 1e-5
+    assert "where the float32 figure was largest" in v.explain()
+    # wrong on window 2 only: float32 judges it worst, float64 re-judges it there: FAILED
+    _wrong_on(monkeypatch, call.inputs[2])
+    fam = open_family(m)
+    with torch.no_grad():
+        bad = verify_call(fam, call, fam.reference(call))
+    assert bad.meta["float64_rejudge"]["windows"] == [2] and not bad.passed
+    assert bad.layers[-1].max_scaled_diff_h > 5e-4 and "not rounding" in bad.explain()
+
+
+def test_a_call_whose_windows_cannot_be_taken_apart_is_rejudged_whole() -> None:
+    """A state handed in, or a layout entry that is not one row a window, keeps today's
+    re-judgement of every window (``depth.window_call`` says None)."""
+    from gatelens.families.base import Call, LayerDiff
+    from gatelens.readout.depth import window_call, worst_window
+
+    x = torch.zeros(3, 4, 2)
+    assert window_call(Call(x, state=torch.zeros(3, 5)), 0) is None
+    assert window_call(Call(x, layout={"recorded": [1, 2, 3]}), 0) is None
+    rows = [LayerDiff(0, False, 2e-5, None, 2e-5, worst_window=2)]
+    assert worst_window(rows, Call(x)) == 2
+    assert worst_window(rows, Call(x, layout={"recorded": [1]})) is None
+    assert worst_window(rows, Call(x[:1])) is None  # one window: nothing to choose
+    nan = [LayerDiff(0, False, float("nan"), None, float("nan"), worst_window=None), *rows]
+    assert worst_window(nan, Call(x)) is None  # a figure not finite: every window

@@ -105,8 +105,11 @@ class Verification(Accumulator):
         self.setup, self.parts = setup, []
 
     def update(self, chunk: Chunk) -> None:
-        self.parts.append(verify_call(self.setup.fam, chunk.call, chunk.reference,
-                                      trace=chunk.trace))
+        res = verify_call(self.setup.fam, chunk.call, chunk.reference, trace=chunk.trace)
+        depth = res.meta.get("float64_rejudge")
+        if depth and depth.get("windows"):  # the chunk's window among all the windows
+            depth["windows"] = [chunk.start + w for w in depth["windows"]]
+        self.parts.append(res)
 
     def result(self, found: dict) -> dict:
         return {"verification": with_regime(merge_results(self.parts), found.get("divergence"))}

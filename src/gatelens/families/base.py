@@ -55,6 +55,9 @@ class LayerDiff:
     max_abs_diff_c: float | None  # a second state that is unbounded (LSTM c), else None
     max_scaled_diff_c: float | None = None  # max |Δc| / max(1, |c|)
     max_scaled_diff_h: float | None = None  # unbounded h: |Δh| / the unit's largest |h|
+    #: the window (batch row) of the judged figure where the family says (the official
+    #: families' state and output), else None: the float64 re-judgement reads it (depth.py)
+    worst_window: int | None = None
 
 
 @dataclass

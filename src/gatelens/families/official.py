@@ -37,7 +37,15 @@ from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.official_layers import anchored_layer
-from gatelens.families.records import Recorder, buffer_units, conv_buffer, scaled_diff, worst_of
+from gatelens.families.records import (
+    Recorder,
+    buffer_units,
+    conv_buffer,
+    scaled_diff,
+    window_diff,
+    worst_of,
+    worst_window,
+)
 from gatelens.families.torch_ops import no_embedding
 
 __all__ = ["OfficialFamily", "Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
@@ -279,9 +287,10 @@ class OfficialFamily(Family, abc.ABC):
         """Layer k's state and output (``signals``: the layer's, by letter) against the
         trajectory, and ``link`` (``_link``'s figures); the one rule of ``judge``,
         ``one_step`` and ``free_running``, which a family may refine."""
-        worst = worst_of([link, *(scaled_diff(signals[x], ref.states[f"{layer_name(k)}.{x}"])
-                                  for x in (self.spec.state, "y"))])
-        return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1])
+        worst = worst_window([window_diff(signals[x], ref.states[f"{layer_name(k)}.{x}"])
+                              for x in (self.spec.state, "y")], link)
+        return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1],
+                         worst_window=worst[2])
 
     def _link(self, k: int, m: nn.Module, ref: Reference) -> tuple[float, float]:
         """Layer k's block around its cell against the module: pre(x_k) against u_k, post(x_k,

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff", "worst_of"]
+__all__ = ["Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff",
+           "window_diff", "worst_of", "worst_window"]
 
 
 #: the most bytes of one (B, T, ·) block of units ``scaled_diff`` works on at once: a layer
@@ -31,19 +32,36 @@ def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
     maxima over the blocks are the whole's); a NaN anywhere is the figure."""
     if not ref.numel():
         return 0.0, 0.0
+    absolute, scaled = window_diff(got, ref)
+    return float(absolute.max()), float(scaled.max())
+
+
+def window_diff(got: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
+    """``scaled_diff``'s two figures window by window: (B,) each, the largest over the
+    window's positions and units (a NaN in a window is its figure). The float64
+    re-judgement at depth reads which window float32 judged worst (readout/depth.py).
+
+    >>> a, s = window_diff(torch.tensor([[[2.0], [4.0]], [[1.0], [1.0]]]),
+    ...                    torch.tensor([[[2.0], [4.4]], [[1.0], [1.5]]]))
+    >>> [round(v, 4) for v in s.tolist()], [round(v, 4) for v in a.tolist()]
+    ([0.0909, 0.3333], [0.4, 0.5])
+    """
     # in the wider of the two dtypes: two float32 values within a factor 2 of each other
     # subtract exactly (Sterbenz), so a read-out's float32 error is measured without a copy
     dtype = torch.promote_types(torch.promote_types(got.dtype, ref.dtype), torch.float32)
     got, ref = torch.broadcast_tensors(got, ref)
     W = ref.shape[-1]
     step = max(1, DIFF_BYTES // max(1, ref[..., 0].numel() * dtype.itemsize))
-    worst: list[tuple[float, float]] = []
+    absolute = scaled = None
     for a in range(0, W, step):
         r = ref[..., a : a + step].to(dtype)
         diff = (got[..., a : a + step].to(dtype) - r).abs_()
         scale = r.abs().amax(dim=1, keepdim=True).clamp_(min=1.0)  # (B, 1, ·); r may be ref
-        worst.append((float(diff.max()), float(diff.div_(scale).max())))
-    return worst_of(worst)
+        worst = diff.flatten(1).amax(dim=1), diff.div_(scale).flatten(1).amax(dim=1)
+        # torch.maximum keeps a NaN of either side: a NaN anywhere stays the figure
+        absolute = worst[0] if absolute is None else torch.maximum(absolute, worst[0])
+        scaled = worst[1] if scaled is None else torch.maximum(scaled, worst[1])
+    return absolute, scaled
 
 
 def nan_max(*values: float) -> float:
@@ -64,6 +82,24 @@ def worst_of(figures: Iterable[tuple[float, float]]) -> tuple[float, float]:
     """
     pairs = list(figures)
     return nan_max(*(p[0] for p in pairs)), nan_max(*(p[1] for p in pairs))
+
+
+def worst_window(windows: list[tuple[Tensor, Tensor]], *others: tuple[float, float]
+                 ) -> tuple[float, float, int | None]:
+    """The largest of several figures, ``window_diff``'s by window and ``others`` (whole
+    figures, ``scaled_diff``'s), and the window of the scaled one: None where it is one of
+    ``others`` or not finite (no window can be named).
+
+    >>> s = torch.tensor([0.25, 0.5], dtype=torch.float64)
+    >>> worst_window([(s, s), (s, s / 4)], (0.125, 0.125)), worst_window([(s, s)], (0.0, 1.0))
+    ((0.5, 0.5, 1), (0.5, 1.0, None))
+    """
+    absolute, scaled = windows[0]
+    for a, s in windows[1:]:
+        absolute, scaled = torch.maximum(absolute, a), torch.maximum(scaled, s)
+    worst = worst_of([(float(absolute.max()), float(scaled.max())), *others])
+    named = math.isfinite(worst[1]) and float(scaled.max()) == worst[1]
+    return worst[0], worst[1], int(scaled.argmax()) if named else None
 
 
 class Recorder:

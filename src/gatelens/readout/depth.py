@@ -21,7 +21,9 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -68,6 +70,62 @@ def trace_within_rounding(trace_h: float, trace_c: float | None, tol: float,
     ok_h = trace_h <= max(tol, depth["float32_one_step"]) + ulp
     c32 = depth.get("float32_one_step_c") or 0.0
     return ok_h and (trace_c is None or trace_c <= max(tol, c32) + ulp)
+
+
+def worst_window(rows: list[LayerDiff], call: Call) -> int | None:
+    """The window float32 judged worst among ``rows`` (the layers it rejected): where the
+    largest figure of them all lies, if the family named its window and the call's windows
+    can be taken apart (``window_call``); else None, and every window is re-judged. The
+    float64 re-judgement of that one window shows the largest float32 figure anywhere to be
+    the module's rounding (or not), and every other window's figure is at most that one.
+
+    >>> rows = [LayerDiff(0, False, 2e-5, None, 2e-5, worst_window=1),
+    ...         LayerDiff(1, False, 3e-5, None, 3e-5, worst_window=0)]
+    >>> worst_window(rows, Call(torch.zeros(2, 4, 3)))
+    0
+    """
+    if call.batch < 2 or window_call(call, 0) is None:
+        return None
+    judged = [r.max_abs_diff_h if r.max_scaled_diff_h is None else r.max_scaled_diff_h
+              for r in rows]
+    if not all(math.isfinite(v) for v in judged):
+        return None
+    return rows[judged.index(max(judged))].worst_window
+
+
+def window_call(call: Call, w: int) -> Call | None:
+    """Window ``w`` of ``call`` alone: its inputs' row and every layout entry that is one row
+    a window; None where the call holds anything else a window (a state given, a packed or
+    recorded layout), which cannot be told apart here.
+
+    >>> c = window_call(Call(torch.zeros(3, 4, 2), layout={"ids": torch.arange(12).view(3, 4),
+    ...                                                     "batch_first": True}), 2)
+    >>> tuple(c.inputs.shape), c.layout["ids"].tolist(), c.layout["batch_first"]
+    ((1, 4, 2), [[8, 9, 10, 11]], True)
+    """
+    if call.state is not None:
+        return None
+    layout = {}
+    for key, v in call.layout.items():
+        if isinstance(v, Tensor) and v.ndim and v.shape[0] == call.batch:
+            layout[key] = v[w : w + 1]
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            layout[key] = v
+        else:
+            return None
+    return Call(call.inputs[w : w + 1], None, layout)
+
+
+def rejudged(fam: Family, call: Call, rows: list[LayerDiff]) -> tuple[list[LayerDiff], int | None]:
+    """The float64 rows of the layers of ``rows`` (those float32 rejected), on the window
+    float32 judged worst (``worst_window``), or on every window where none can be named;
+    and that window (None: every one)."""
+    w = worst_window(rows, call)
+    layers = sorted({r.layer for r in rows})
+    if w is None:
+        return one_step_float64(fam, call, layers), None
+    again = one_step_float64(fam, window_call(call, w), layers)
+    return [replace(r, worst_window=w) for r in again], w
 
 
 def one_step_float64(fam: Family, call: Call, layers: Collection[int] | None = None

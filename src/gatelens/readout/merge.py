@@ -48,6 +48,9 @@ def _merged_meta(results: list[VerifyResult]) -> dict:
         worst = dict(max(seen, key=lambda d: d["float32_one_step"]))
         if all("layers" in d for d in seen):  # every layer any chunk re-judged
             worst["layers"] = sorted({k for d in seen for k in d["layers"]})
+        if "windows" in worst:  # each chunk's re-judged window; None: some chunk's every one
+            wins = [d.get("windows") for d in seen]
+            worst["windows"] = None if None in wins else sorted({w for ws in wins for w in ws})
         meta["float64_rejudge"] = worst
         meta["tolerance_rule"] = next(r.meta["tolerance_rule"] for r in results
                                       if "float64_rejudge" in r.meta)

@@ -38,7 +38,7 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, Family, LayerDiff, Readout, Reference
 from gatelens.families.registry import open_family
 from gatelens.families.torch_ops import as_computed
-from gatelens.readout.depth import can_rejudge, one_step_float64, trace_within_rounding
+from gatelens.readout.depth import can_rejudge, rejudged, trace_within_rounding
 from gatelens.readout.trace import State, through_hooks
 from gatelens.readout.trace_types import Trace
 from gatelens.readout.verify_figures import (  # noqa: F401 - re-exported
@@ -219,14 +219,16 @@ def verify_call(fam: Family, call: Call, ref: Reference, trace: Trace | Readout 
             # float32 says no: re-judged against the module's own float64 forward (depth.py)
             # only the layers float32 rejects: the others keep their float32 rows
             rejected = sorted({r.layer for r in one if not _rows_pass([r], tol)})
+            # on the window float32 judged worst where it can be named (depth.worst_window)
+            again, window = rejudged(fam, call, [r for r in one if r.layer in rejected])
             depth = {"float32_one_step": maxes(one, "max_scaled_diff_h")
                      or maxes(one, "max_abs_diff_h"),
                      "float32_one_step_c": maxes(one, "max_scaled_diff_c"),
-                     "layers": rejected}
-            again = one_step_float64(fam, call, rejected)
+                     "layers": rejected, "windows": None if window is None else [window]}
             one = sorted([r for r in one if r.layer not in rejected] + again,
                          key=lambda r: (r.layer, r.reverse))
-            rule += "; re-judged in float64 on the layers where float32 rounding exceeded it"
+            rule += ("; re-judged in float64 on the layers where float32 rounding exceeded it"
+                     + ("" if window is None else ", on the window where it was largest"))
         given = None
         if trace is not None:
             given = fam.judge(as_readout(trace, call), ref)

@@ -32,9 +32,13 @@ class VerdictWords:
                 now = maxes(again, "max_abs_diff_h") if scaled is None else scaled
                 where = f" on layer{'s' * (len(depth['layers']) > 1)} " + ", ".join(
                     str(k) for k in depth["layers"])
+            wins, on = depth.get("windows"), ""
+            if wins:  # one window a chunk: where float32's figure was largest
+                on = (f" on window{'s' * (len(wins) > 1)} {', '.join(map(str, wins))}, where "
+                      "the float32 figure was largest (every other window's is at most that),")
             text += (f" In float32 the one-step error was {depth['float32_one_step']:.3g}, "
-                     f"above {self.tol:g}{where}; against the module's own float64 forward "
-                     f"it is {now:.3g}"
+                     f"above {self.tol:g}{where}; against the module's own float64 forward"
+                     f"{on} it is {now:.3g}"
                      ", so the float32 figure was "
                      + ("the module's rounding at this depth and width."
                         if self.passes_one_step else
