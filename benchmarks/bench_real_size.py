@@ -11,10 +11,12 @@ windows with the default settings (exponents "auto": the spectrum's cost rule), 
 stage.
 
     python benchmarks/bench_real_size.py [--only mamba] [--layers 24] [--windows 8]
-        [--length 128] [--timeout 1800]
+        [--length 128] [--timeout 1800] [--read-out-only]
 
 ``--layers`` cuts every stack to that depth (default: each model's own); the ratios are
 per stage, so a cut stack still says what each stage costs against its forward.
+``--read-out-only`` stops after ``trace`` and ``verify`` (no analysis): the read-out's cost
+at a depth and window count the whole analysis would take too long for.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def build(name: str, layers: int | None) -> tuple[nn.Module, int, str]:
 MODELS = ["mamba-130m", "mamba2-130m", "rwkv4-169m", "ptb-large-lstm"]
 
 
-def child(name: str, layers: int | None, windows: int, length: int) -> None:
+def child(name: str, layers: int | None, windows: int, length: int, read_out_only: bool = False
+          ) -> None:
     """In the child process: the timings and peak memory of one model, as one JSON line."""
     import gatelens
     from gatelens.readout.hooks import open_cells
@@ -100,6 +103,12 @@ def child(name: str, layers: int | None, windows: int, length: int) -> None:
     t0 = time.perf_counter()
     gatelens.verify(module, seen.inputs, seen.state)
     verify_s = time.perf_counter() - t0
+    if read_out_only:
+        print(json.dumps({"model": name, "config": words, "forward_s": forward,
+                          "open_cells_x": traced / forward, "trace_x": trace_s / forward,
+                          "verify_x": verify_s / forward,
+                          "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+        return
     clock: dict[str, float] = {}
     t0 = time.perf_counter()
     a = lens.measure(path, ids, [f"<{i}>" for i in range(V)], perturb_pos=min(32, length // 4),
@@ -125,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per model")
+    ap.add_argument("--read-out-only", action="store_true",
+                    help="time the forward, open_cells, trace and verify only (no analysis)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -132,14 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.utils.logging.set_verbosity_error()
-        child(args.child, args.layers, args.windows, args.length)
+        child(args.child, args.layers, args.windows, args.length, args.read_out_only)
         return 0
     print(f"W = {args.windows} windows x T = {args.length} tokens, float32, CPU, "
           f"{torch.get_num_threads()} threads; ratios to the model's own forward")
     for name in [m for m in MODELS if args.only in m]:
         cmd = [sys.executable, __file__, "--child", name, "--windows", str(args.windows),
                "--length", str(args.length)] + (["--layers", str(args.layers)]
-                                                if args.layers else [])
+                                                if args.layers else []) + (
+            ["--read-out-only"] if args.read_out_only else [])
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -149,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
+        if args.read_out_only:
+            print(f"{r['config']}: forward {r['forward_s']:.2f} s; open_cells "
+                  f"{r['open_cells_x']:.1f}x; trace {r['trace_x']:.1f}x; verify "
+                  f"{r['verify_x']:.1f}x; peak {r['peak_gb']:.2f} GiB", flush=True)
+            continue
         stages = ", ".join(f"{k} {v:.1f}x" for k, v in r["stages_x"].items())
         print(f"{r['config']}: forward {r['forward_s']:.2f} s; open_cells {r['open_cells_x']:.1f}x;"
               f" trace {r['trace_x']:.1f}x; verify {r['verify_x']:.1f}x;"
