@@ -203,25 +203,26 @@ class MambaCell(OfficialFamily):
         """Layer k's hand cell over a whole sequence ``u`` (B, T, F) from the zero state, in
         ``m``'s dtype: every step's input side at once (it reads no state), then the
         recurrence s_t = a_t ⊙ s_{t−1} + Δ_t B_t x̂_t along time (forward_scan.linear_scan).
-        The same equations as ``step_cell``; (signals, parts, y), each (B, T, ·)."""
+        The same equations as ``step_cell``; (signals, parts, y), each (B, T, ·). Its rows
+        are time-major from the start, the layout the recurrence walks, so no (B·T, Din, N)
+        tensor is copied into another layout (each is 25 MB a window in float64 at
+        mamba-130m's width); what it returns are (B, T, ·) views of them."""
         mix = self.mixers(m)[k]
         Din, N, K = self.d_inner, self.d_state, self.d_conv
         Bn, T = u.shape[:2]
-        x, z = mix.in_proj(u).chunk(2, dim=-1)  # (B, T, Din) each
-        pad = torch.cat([x.new_zeros(Bn, K - 1, Din), x], dim=1)  # (B, T + K − 1, Din)
-        window = pad.unfold(1, K, 1).transpose(2, 3).reshape(Bn * T, K, Din)  # (B·T, K, Din)
-        xc, delta, B, C = self._selective(mix, window)
+        x, z = mix.in_proj(u).transpose(0, 1).chunk(2, dim=-1)  # (T, B, Din) each
+        pad = torch.cat([x.new_zeros(K - 1, Bn, Din), x], dim=0)  # (T + K − 1, B, Din)
+        window = pad.unfold(0, K, 1).permute(0, 1, 3, 2).reshape(T * Bn, K, Din)
+        xc, delta, B, C = self._selective(mix, window)  # rows (t, b)
         A = -torch.exp(mix.A_log.float()).to(u.dtype)
-        a = torch.exp(delta[..., None] * A)  # (B·T, Din, N)
-        b = delta[..., None] * B[:, None, :] * xc[..., None]
-        s = linear_scan(a.view(Bn, T, Din, N).transpose(0, 1),
-                        b.view(Bn, T, Din, N).transpose(0, 1))  # (T, B, Din, N)
-        s = s.transpose(0, 1).reshape(Bn * T, Din, N)  # (B·T, Din, N)
-        y = (s @ C[..., None])[..., 0] + mix.D * xc
-        y = mix.out_proj(y * F.silu(z.reshape(Bn * T, Din)))
-        parts = [conv_buffer(x, K), s.reshape(Bn, T, Din * N)]
-        return ({"delta": delta.view(Bn, T, Din), "a": a.view(Bn, T, Din * N)}, parts,
-                y.view(Bn, T, -1))
+        a = torch.mul(delta[..., None], A).exp_()  # (T·B, Din, N), in place: no second one
+        b = torch.mul(delta[..., None], B[:, None, :]).mul_(xc[..., None])
+        s = linear_scan(a.view(T, Bn, Din, N), b.view(T, Bn, Din, N), overwrite=True)
+        y = (s.view(T * Bn, Din, N) @ C[..., None])[..., 0] + mix.D * xc
+        y = mix.out_proj(y * F.silu(z.reshape(T * Bn, Din)))
+        batch = lambda v: v.view(T, Bn, -1).transpose(0, 1)  # noqa: E731 - (B, T, ·) views
+        parts = [conv_buffer(x.transpose(0, 1), K), batch(s)]
+        return {"delta": batch(delta), "a": batch(a)}, parts, batch(y)
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Family, LayerDiff, Readout, Reference
 from gatelens.families.official_layers import anchored_layer
 from gatelens.families.records import (
+    AsDtypes,
     Recorder,
     buffer_units,
     conv_buffer,
@@ -282,7 +283,7 @@ class OfficialFamily(Family, abc.ABC):
                               if f"{layer_name(k)}.{letter}" in readout.signals}, ref)
                 for k in range(self.num_layers)]
 
-    def _row(self, k: int, signals: dict[str, Tensor], ref: Reference,
+    def _row(self, k: int, signals: Mapping[str, Tensor], ref: Reference,
              link: tuple[float, float] = (0.0, 0.0)) -> LayerDiff:
         """Layer k's state and output (``signals``: the layer's, by letter) against the
         trajectory, and ``link`` (``_link``'s figures); the one rule of ``judge``,
@@ -352,17 +353,19 @@ class OfficialFamily(Family, abc.ABC):
         return Readout(signals={n: signals[n] for n in self.names()},
                        meta={"method": "free-running", "family": self.name})
 
-    def _rerun_layers(self, call: Call) -> Iterator[tuple[int, dict[str, Tensor]]]:
-        """``_rerun_by_layer``'s layers one by one, (k, signals by letter)."""
-        m, dtype, B, T = self.float64(), call.inputs.dtype, call.batch, call.length
+    def _rerun_layers(self, call: Call) -> Iterator[tuple[int, Mapping[str, Tensor]]]:
+        """``_rerun_by_layer``'s layers one by one, (k, signals by letter, each in its dtype
+        when read: ``AsDtypes``)."""
+        m, dtype = self.float64(), call.inputs.dtype
         with torch.no_grad():
             x = call.inputs.double()
             for k in range(self.num_layers):
                 sig, parts, y = self.scan_layer(k, m, self.pre(k, m, x))
-                flat = [p.reshape(B * T, -1) for p in parts]
-                sig = {**sig, self.spec.state: self.state_of(k, flat).reshape(B, T, -1), "y": y}
+                # state_of reads the last dimension, whatever the leading ones: (B, T, ·)
+                # views of a time-major scan stay views (no copy of the window's states)
+                sig = {**sig, self.spec.state: self.state_of(k, parts), "y": y}
                 x = self.post(k, m, x, y)
-                yield k, {x: sig[x].to(self.dtype_of(x, dtype)) for x in self.letters(k)}
+                yield k, AsDtypes(sig, self.letters(k), lambda x: self.dtype_of(x, dtype))
 
     # ---- the dynamics ----------------------------------------------------------------
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:

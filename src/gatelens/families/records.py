@@ -10,12 +10,12 @@ that keep each submodule's calls (``Recorder``), the rule unbounded states are c
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff",
+__all__ = ["AsDtypes", "Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff",
            "window_diff", "worst_of", "worst_window"]
 
 
@@ -100,6 +100,31 @@ def worst_window(windows: list[tuple[Tensor, Tensor]], *others: tuple[float, flo
     worst = worst_of([(float(absolute.max()), float(scaled.max())), *others])
     named = math.isfinite(worst[1]) and float(scaled.max()) == worst[1]
     return worst[0], worst[1], int(scaled.argmax()) if named else None
+
+
+class AsDtypes(Mapping[str, Tensor]):
+    """``signals`` by letter, each handed over in ``dtype_of(letter)`` when it is read and
+    not before: a check that reads two of a layer's signals converts those two only.
+
+    >>> v = AsDtypes({"s": torch.ones(2, dtype=torch.float64)}, ["s"], lambda x: torch.float32)
+    >>> v["s"].dtype, list(v)
+    (torch.float32, ['s'])
+    """
+
+    def __init__(self, signals: dict[str, Tensor], letters: Iterable[str],
+                 dtype_of: Callable[[str], torch.dtype]) -> None:
+        self.signals, self.letters, self.dtype_of = signals, list(letters), dtype_of
+
+    def __getitem__(self, letter: str) -> Tensor:
+        if letter not in self.letters:
+            raise KeyError(letter)
+        return self.signals[letter].to(self.dtype_of(letter))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.letters)
+
+    def __len__(self) -> int:
+        return len(self.letters)
 
 
 class Recorder:
