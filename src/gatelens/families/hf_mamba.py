@@ -358,12 +358,13 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor
     A = -torch.exp(mix.A_log.float())  # (Din, N)
     # exp in the mixer's own layout (its kernel rounds a tensor's last few elements by
     # another path), then time-major, the layout the recurrence walks
-    dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (B, Din, T, N)
+    dA = torch.mul(A[None, :, None, :], dt[:, :, :, None]).exp_()  # (B, Din, T, N)
     a = dA.permute(2, 0, 1, 3).contiguous()  # (T, B, Din, N)
+    del dA
     dt_t = dt.permute(2, 0, 1)  # (T, B, Din); products are exact whatever the layout
-    b = (dt_t[..., None] * Bm.transpose(0, 1)[:, :, None, :].float()) * xh.transpose(0, 1)[
-        ..., None].float()  # (T, B, Din, N)
-    s = linear_scan(a, b).transpose(0, 1)  # (B, T, Din, N)
+    b = torch.mul(dt_t[..., None], Bm.transpose(0, 1)[:, :, None, :].float()).mul_(
+        xh.transpose(0, 1)[..., None].float())  # (T, B, Din, N), in place: no second one
+    s = linear_scan(a, b, overwrite=True).transpose(0, 1)  # (B, T, Din, N), over b
     y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D  # (B, T, Din)
     sig = {"delta": dt.transpose(1, 2), "a": a.transpose(0, 1).flatten(2)}
     return sig, s.flatten(2), y * F.silu(z)
