@@ -3,7 +3,7 @@
 Householder where a frame is ill-conditioned), one (1, S, k) float64 frame whose columns
 span six decades, best of 3 in the same process. Prints one JSON line per size.
 
-    python benchmarks/bench_qr.py           # S = 58,368 / 201,984 / 701,000
+    python benchmarks/bench_qr.py           # S = 58,368 … 4,847,616
     python benchmarks/bench_qr.py --quick   # a smoke run
 """
 
@@ -17,7 +17,9 @@ import torch
 from gatelens.analysis.spectrum import orthonormalise
 from timing import best_of
 
-SIZES = ((58_368, 32), (201_984, 32), (701_000, 16))  # 2 Mamba layers; Mamba-2; 24 Mamba
+#: 2 Mamba layers; 4 (the auto rule's k at that size); one Mamba-2 layer; 24 Mamba layers;
+#: 24 Mamba-2 layers
+SIZES = ((58_368, 32), (116_736, 64), (201_984, 32), (701_000, 16), (4_847_616, 6))
 
 
 def main(argv: list[str] | None = None) -> int:

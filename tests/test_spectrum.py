@@ -301,6 +301,23 @@ def test_orthonormalise_is_householder_qr_at_any_condition(cond, monkeypatch):
                           atol=1e-9, rtol=0)  # the same directions, up to sign
 
 
+@pytest.mark.parametrize("S", [40, 5000])
+def test_the_right_solve_is_the_triangular_solve(S) -> None:
+    """Q U⁻¹ by U's inverse and one GEMM (a tall frame) or by the solve (a square one): the
+    triangular solve's values to float64 rounding, with U as ill-conditioned as a first
+    CholeskyQR pass meets (1e6)."""
+    from gatelens.analysis.spectrum import _right_solve
+
+    gen = torch.Generator().manual_seed(4)
+    U = torch.linalg.qr(torch.randn(2, 8, 8, generator=gen, dtype=torch.float64))[1]
+    U = U * torch.logspace(0, -6, 8, dtype=torch.float64)[:, None]
+    Q = torch.randn(2, S, 8, generator=gen, dtype=torch.float64)
+    want = torch.linalg.solve_triangular(U, Q, upper=True, left=False)
+    got = _right_solve(Q, U)
+    assert float(((got - want).abs() / want.abs().amax(dim=1, keepdim=True)).max()) < 1e-10
+    assert torch.allclose(got @ U, Q, rtol=0, atol=1e-9)
+
+
 def test_orthonormalise_takes_a_rank_deficient_frame():
     from gatelens.analysis.spectrum import orthonormalise
 

@@ -224,12 +224,29 @@ def _orthonormalise(held: list[Tensor]) -> tuple[Tensor, Tensor]:
             break
         if attempt == 1:
             V = None  # the checks passed: Householder's fallback will not read it
-        Q = torch.linalg.solve_triangular(L.mT, Q, upper=True, left=False)
+        Q = _right_solve(Q, L.mT)
         R = L.mT @ R
     else:
         return Q, R.diagonal(dim1=-2, dim2=-1).abs()
     Q, R = torch.linalg.qr(V)
     return Q, R.diagonal(dim1=-2, dim2=-1).abs()
+
+
+def _right_solve(Q: Tensor, U: Tensor) -> Tensor:
+    """Q U⁻¹ for an upper triangular U (B, k, k): a tall Q (S ≥ 16 k) times U's inverse
+    from the k × k system, one GEMM (faster than the solve with S right-hand sides, the
+    same to float64 rounding: bench_qr.py, BENCHMARKS.md); a square Q is solved.
+
+    >>> U = torch.tensor([[[2.0, 1.0], [0.0, 4.0]]], dtype=torch.float64)
+    >>> Q = torch.arange(64.0, dtype=torch.float64).view(1, 32, 2)
+    >>> torch.allclose(_right_solve(Q, U) @ U, Q, rtol=0, atol=1e-13)
+    True
+    """
+    k = U.shape[-1]
+    if Q.shape[-2] < 16 * k:
+        return torch.linalg.solve_triangular(U, Q, upper=True, left=False)
+    eye = torch.eye(k, dtype=U.dtype, device=U.device).expand_as(U)
+    return Q @ torch.linalg.solve_triangular(U, eye, upper=True)
 
 
 def _direction(d: Dynamics, start: list[Tensor], burn_in: int, n_units: int
