@@ -83,7 +83,7 @@ def test_a_replay_that_is_off_is_seen(monkeypatch):
 
     fam, make = hf_mamba(layers=1)
     call = make(1)
-    monkeypatch.setattr(hm, "linear_scan", lambda a, b: linear_scan(a * (1 + 1e-3), b))
+    monkeypatch.setattr(hm, "linear_scan", lambda a, b, **kw: linear_scan(a * (1 + 1e-3), b, **kw))
     ref = fam.reference(call)
     assert ref.extra["step_vs_forward"][1] > 1e-4
     assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4

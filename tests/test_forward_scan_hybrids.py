@@ -103,8 +103,8 @@ def test_a_replay_that_is_off_is_seen(monkeypatch):
     parts from it (step_vs_forward) and the one-step check fails."""
     from gatelens.families import forward_scan, hf_mamba, hf_mamba2, mambapy
 
-    def off(a, b):
-        return forward_scan.linear_scan(a * (1 + 1e-3), b)
+    def off(a, b, **kw):
+        return forward_scan.linear_scan(a * (1 + 1e-3), b, **kw)
 
     heads = hf_mamba2._heads
 
