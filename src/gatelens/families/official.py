@@ -45,7 +45,7 @@ from gatelens.families.records import (
     scaled_diff,
     window_diff,
     worst_of,
-    worst_window,
+    worst_of_windows,
 )
 from gatelens.families.torch_ops import no_embedding
 
@@ -288,8 +288,8 @@ class OfficialFamily(Family, abc.ABC):
         """Layer k's state and output (``signals``: the layer's, by letter) against the
         trajectory, and ``link`` (``_link``'s figures); the one rule of ``judge``,
         ``one_step`` and ``free_running``, which a family may refine."""
-        worst = worst_window([window_diff(signals[x], ref.states[f"{layer_name(k)}.{x}"])
-                              for x in (self.spec.state, "y")], link)
+        worst = worst_of_windows([window_diff(signals[x], ref.states[f"{layer_name(k)}.{x}"])
+                                  for x in (self.spec.state, "y")], link)
         return LayerDiff(k, False, worst[0], None, max_scaled_diff_h=worst[1],
                          worst_window=worst[2])
 

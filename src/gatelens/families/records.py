@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["AsDtypes", "Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff",
-           "window_diff", "worst_of", "worst_window"]
+           "window_diff", "worst_of", "worst_of_windows"]
 
 
 #: the most bytes of one (B, T, ·) block of units ``scaled_diff`` works on at once: a layer
@@ -84,14 +84,14 @@ def worst_of(figures: Iterable[tuple[float, float]]) -> tuple[float, float]:
     return nan_max(*(p[0] for p in pairs)), nan_max(*(p[1] for p in pairs))
 
 
-def worst_window(windows: list[tuple[Tensor, Tensor]], *others: tuple[float, float]
+def worst_of_windows(windows: list[tuple[Tensor, Tensor]], *others: tuple[float, float]
                  ) -> tuple[float, float, int | None]:
     """The largest of several figures, ``window_diff``'s by window and ``others`` (whole
     figures, ``scaled_diff``'s), and the window of the scaled one: None where it is one of
     ``others`` or not finite (no window can be named).
 
     >>> s = torch.tensor([0.25, 0.5], dtype=torch.float64)
-    >>> worst_window([(s, s), (s, s / 4)], (0.125, 0.125)), worst_window([(s, s)], (0.0, 1.0))
+    >>> worst_of_windows([(s, s), (s, s / 4)], (0.125, 0.125)), worst_of_windows([(s, s)], (0, 1.0))
     ((0.5, 0.5, 1), (0.5, 1.0, None))
     """
     absolute, scaled = windows[0]
