@@ -7,9 +7,11 @@ module calls (the q, k, v and gate projections, the backend, the output gate and
 norm); the gates' soft cap is the file's own ``soft_cap`` on what the projections returned,
 and the backend's own step kernel (``step_kernel_fn``: what its decode path calls for a
 one-token call, with its state dtype and ε) is replayed along the window on the q, k, v,
-ĩ, f̃ the layer formed, every state kept (``mlstm_replay``). So the states are, bit for bit,
-what the backend's one-token path computes on those inputs (tested: the backend module
-itself called one token at a time), and within float32 rounding of the decode path itself
+ĩ, f̃ the layer formed, every state kept (``mlstm_replay``; for the native kernel its
+operations without T calls of it: the stabiliser a step at a time, the memory as a linear
+recurrence, ``_scanned``). So the states are, bit for bit, what the backend's one-token path
+computes on those inputs (tested: the backend module itself called one token at a time),
+and within float32 rounding of the decode path itself
 (the whole block one token at a time, whose projections run one row at a time). The
 prompt path's h against the replay's is ``step_vs_forward``; its final state
 ``final_vs_step``.
@@ -31,10 +33,12 @@ import inspect
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelens.families.base import Call
 from gatelens.families.delta_scan import package_function, torch_path
+from gatelens.families.forward_scan import linear_scan
 from gatelens.families.official import Recorder, scaled_diff
 
 __all__ = ["XLSTMForward", "mlstm_replay"]
@@ -79,8 +83,9 @@ class XLSTMForward:
         h, C, n, m = mlstm_replay(layer.mlstm_backend, *qkvif)
         B, T = C.shape[:2]
         scale = torch.exp(m.double())  # (B, T, NH): the raw scale C̄ = e^m C, n̄ = e^m n
-        parts = [(C.double() * scale[..., None, None]).reshape(B, T, -1),
-                 (n.double() * scale[..., None]).reshape(B, T, -1)]
+        # each raw state formed once, in float64, in the trace's (B, T, ·) layout
+        parts = [torch.mul(x, scale[(...,) + (None,) * (x.ndim - 3)],
+                           out=scale.new_empty(x.shape)).reshape(B, T, -1) for x in (C, n)]
         i, f = (g.transpose(1, 2) for g in qkvif[3:])  # (B, T, NH)
         own = {"i": torch.exp(i - m), "f": torch.sigmoid(f), "m": m,
                "o": rec.stacked("o", outputs=True),
@@ -123,6 +128,9 @@ def mlstm_replay(backend: nn.Module, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     d_v), n (B, T, NH, d_qk), m (B, T, NH), in its state dtype."""
     cfg = backend.config
     dtype = getattr(torch, cfg.inference_state_dtype)
+    if (_scannable(backend.step_kernel_fn) and q.dtype == dtype
+            and dtype in (torch.float32, torch.float64)):
+        return _scanned(q, k, v, i, f, cfg.eps)
     step = partial(backend.step_kernel_fn, dtype_state=dtype, eps=cfg.eps)
     # mlstm_kernels names its arguments q, k, v, i, f, c, n, m; transformers' own copy
     # query, key, value, igate, fgate, cstate, nstate, mstate (in that order)
@@ -139,3 +147,45 @@ def mlstm_replay(backend: nn.Module, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
         h[:, :, t], (c, n, m) = step(**dict(zip(names, args, strict=True)))
         C[:, t], N[:, t], M[:, t] = c, n, m[..., 0]
     return h, C, N, M
+
+
+#: the native step kernels ``_scanned`` follows, operation for operation: mlstm_kernels'
+#: ``mlstm_recurrent_step__native`` and transformers' own copy of it
+_NATIVE_STEPS = ("mlstm_recurrent_step__native", "mlstm_recurrent_step_native")
+
+
+def _scannable(step: object) -> bool:
+    """Whether ``step`` is one of the native kernels ``_scanned`` replays (another kernel is
+    called a token at a time)."""
+    return getattr(step, "__name__", None) in _NATIVE_STEPS
+
+
+def _scanned(q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, eps: float
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``mlstm_replay`` of the native step kernel (state dtype = q's) without T calls of it:
+    the stabiliser m and the two gate factors a step at a time in the kernel's own operations
+    on (B, NH, 1) (a transcendental's bits depend on the tensor it runs on), then the memory
+    C_t = e^f̂ C_{t−1} + e^î k_t v_tᵀ and the normaliser n_t = e^f̂ n_{t−1} + e^î k_t as
+    linear recurrences (``linear_scan``: each step's product and sum rounded as the kernel's
+    are), time-major. The states are the kernel's bit for bit (tested against the backend
+    called a token at a time); h, a check figure only, is formed for every step in one
+    product, so its last bits may differ from the kernel's."""
+    B, NH, T, dqk = k.shape
+    m = q.new_zeros(B, NH, 1)
+    M, fa, ia = q.new_empty(B, T, NH), q.new_empty(T, B, NH, 1), q.new_empty(T, B, NH, 1)
+    for t in range(T):
+        ft, it = f[:, :, t : t + 1], i[:, :, t : t + 1]
+        f_log = F.logsigmoid(ft)
+        m_new = torch.max(f_log + m, it)
+        fa[t], ia[t] = torch.exp(f_log + m - m_new), torch.exp(it - m_new)
+        m = m_new
+        M[:, t] = m[..., 0]
+    kt, vt = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # (T, B, NH, ·)
+    write = torch.mul(kt[..., :, None], vt[..., None, :]).mul_(ia[..., None])
+    C = linear_scan(fa[..., None], write, overwrite=True)  # (T, B, NH, dqk, dv)
+    n = linear_scan(fa, kt * ia)  # (T, B, NH, dqk)
+    qs = q.permute(2, 0, 1, 3) * (dqk ** (-0.5))  # (T, B, NH, dqk)
+    num = (qs[..., None, :] @ C)[..., 0, :]  # (T, B, NH, dv)
+    qn = (qs[..., None, :] @ n[..., None])[..., 0]  # (T, B, NH, 1)
+    h = num / (torch.maximum(qn.abs(), torch.exp(-M.transpose(0, 1)[..., None])) + eps)
+    return h.permute(1, 2, 0, 3), C.transpose(0, 1), n.transpose(0, 1), M
