@@ -133,3 +133,25 @@ def test_mlstm_blocks_are_traced_with_the_packages_own_signals(kind):
             gatelens.trace(fam.module, x, method="own")
     else:
         assert gatelens.trace(fam.module, x, method="own").meta["method"] == "own"
+
+
+@pytest.mark.parametrize("width", [(2, 8), (4, 24)])
+def test_the_scanned_replay_is_the_step_function_bit_for_bit(width) -> None:
+    """The package's ``recurrent_step_stabilized_simple`` replayed as a scan (the stabiliser
+    a step at a time, C and n as linear recurrences: ``xlstm_scan.scanned``) gives the states
+    the step function itself gives called a token at a time, bit for bit; h to float32
+    rounding (a check figure, formed for every step in one product)."""
+    from gatelens.families.xlstm_stack_scan import _replay
+
+    fam = _family("mlstm")
+    step = fam.module.blocks[0].xlstm.mlstm_cell.backend_fn_step
+    assert step.__name__ == "recurrent_step_stabilized_simple"
+    NH, d = width
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, 40, NH * d, generator=gen) for _ in range(3))
+    i, f = (3 * torch.randn(3, 40, NH, generator=gen) for _ in range(2))
+    scanned = _replay(step, NH, q, k, v, i, f)
+    called = _replay(lambda **kw: step(**kw), NH, q, k, v, i, f)  # not known: a call a token
+    for a, b in zip(scanned[1:], called[1:], strict=True):  # C, n, m
+        assert torch.equal(a, b)
+    assert scaled_diff(scanned[0], called[0])[1] < 1e-6

@@ -9,7 +9,7 @@ and the backend's own step kernel (``step_kernel_fn``: what its decode path call
 one-token call, with its state dtype and ε) is replayed along the window on the q, k, v,
 ĩ, f̃ the layer formed, every state kept (``mlstm_replay``; for the native kernel its
 operations without T calls of it: the stabiliser a step at a time, the memory as a linear
-recurrence, ``_scanned``). So the states are, bit for bit, what the backend's one-token path
+recurrence, ``scanned``). So the states are, bit for bit, what the backend's one-token path
 computes on those inputs (tested: the backend module itself called one token at a time),
 and within float32 rounding of the decode path itself
 (the whole block one token at a time, whose projections run one row at a time). The
@@ -30,6 +30,7 @@ prompt path's h against the replay's is ``step_vs_forward``; its final state
 from __future__ import annotations
 
 import inspect
+import math
 from functools import partial
 
 import torch
@@ -41,7 +42,7 @@ from gatelens.families.delta_scan import package_function, torch_path
 from gatelens.families.forward_scan import linear_scan
 from gatelens.families.official import Recorder, scaled_diff
 
-__all__ = ["XLSTMForward", "mlstm_replay"]
+__all__ = ["STEP_KINDS", "XLSTMForward", "mlstm_replay", "scanned"]
 
 
 class XLSTMForward:
@@ -130,7 +131,7 @@ def mlstm_replay(backend: nn.Module, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     dtype = getattr(torch, cfg.inference_state_dtype)
     if (_scannable(backend.step_kernel_fn) and q.dtype == dtype
             and dtype in (torch.float32, torch.float64)):
-        return _scanned(q, k, v, i, f, cfg.eps)
+        return scanned("native", q, k, v, i, f, cfg.eps)
     step = partial(backend.step_kernel_fn, dtype_state=dtype, eps=cfg.eps)
     # mlstm_kernels names its arguments q, k, v, i, f, c, n, m; transformers' own copy
     # query, key, value, igate, fgate, cstate, nstate, mstate (in that order)
@@ -149,43 +150,51 @@ def mlstm_replay(backend: nn.Module, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     return h, C, N, M
 
 
-#: the native step kernels ``_scanned`` follows, operation for operation: mlstm_kernels'
-#: ``mlstm_recurrent_step__native`` and transformers' own copy of it
-_NATIVE_STEPS = ("mlstm_recurrent_step__native", "mlstm_recurrent_step_native")
+#: the step kernels ``scanned`` follows, operation for operation: mlstm_kernels' native
+#: step and transformers' own copy of it ("native"), and the xlstm package's
+#: ``recurrent_step_stabilized_simple`` ("simple": k scaled by division before the write)
+STEP_KINDS = {"mlstm_recurrent_step__native": "native", "mlstm_recurrent_step_native": "native",
+              "recurrent_step_stabilized_simple": "simple"}
 
 
 def _scannable(step: object) -> bool:
-    """Whether ``step`` is one of the native kernels ``_scanned`` replays (another kernel is
-    called a token at a time)."""
-    return getattr(step, "__name__", None) in _NATIVE_STEPS
+    """Whether ``step`` is a native kernel ``scanned`` replays (another kernel is called a
+    token at a time)."""
+    return STEP_KINDS.get(getattr(step, "__name__", None)) == "native"
 
 
-def _scanned(q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, eps: float
-             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``mlstm_replay`` of the native step kernel (state dtype = q's) without T calls of it:
-    the stabiliser m and the two gate factors a step at a time in the kernel's own operations
-    on (B, NH, 1) (a transcendental's bits depend on the tensor it runs on), then the memory
-    C_t = e^f̂ C_{t−1} + e^î k_t v_tᵀ and the normaliser n_t = e^f̂ n_{t−1} + e^î k_t as
-    linear recurrences (``linear_scan``: each step's product and sum rounded as the kernel's
-    are), time-major. The states are the kernel's bit for bit (tested against the backend
-    called a token at a time); h, a check figure only, is formed for every step in one
-    product, so its last bits may differ from the kernel's."""
+def scanned(kind: str, q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, eps: float
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """An mLSTM step kernel of ``kind`` (``STEP_KINDS``; state dtype = q's) along the window
+    from the zero state without T calls of it: the stabiliser m and the two gate factors a
+    step at a time in the kernel's own operations, on the slices it is handed (ĩ, f̃ with
+    time on dim 2: a transcendental's bits depend on the tensor it runs on), then the memory
+    C_t = e^f̂ C_{t−1} + e^î k_t v_tᵀ and the normaliser n_t = e^f̂ n_{t−1} + e^î k_t as linear
+    recurrences (``linear_scan``: each step's product and sum rounded as the kernel's are),
+    time-major. q, k, v (B, NH, T, d). Returns h (B, NH, T, d_v), C (B, T, NH, d_qk, d_v),
+    n (B, T, NH, d_qk), m (B, T, NH). The states are the kernel's bit for bit (tested against
+    the package called a token at a time); h, a check figure only, is formed for every step
+    in one product, so its last bits may differ from the kernel's."""
     B, NH, T, dqk = k.shape
-    m = q.new_zeros(B, NH, 1)
+    m = q.new_zeros(i[:, :, :1].shape)
     M, fa, ia = q.new_empty(B, T, NH), q.new_empty(T, B, NH, 1), q.new_empty(T, B, NH, 1)
     for t in range(T):
         ft, it = f[:, :, t : t + 1], i[:, :, t : t + 1]
         f_log = F.logsigmoid(ft)
         m_new = torch.max(f_log + m, it)
-        fa[t], ia[t] = torch.exp(f_log + m - m_new), torch.exp(it - m_new)
+        fa[t] = torch.exp(f_log + m - m_new).reshape(B, NH, 1)
+        ia[t] = torch.exp(it - m_new).reshape(B, NH, 1)
         m = m_new
-        M[:, t] = m[..., 0]
-    kt, vt = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # (T, B, NH, ·)
+        M[:, t] = m.reshape(B, NH)
+    kt, vt, qt = (x.permute(2, 0, 1, 3) for x in (k, v, q))  # (T, B, NH, ·)
+    if kind == "simple":  # the xlstm package writes k / √d and reads h with q as it is
+        kt = kt / math.sqrt(dqk)
+    else:  # the native kernels write k and read h with q · d^−½
+        qt = qt * (dqk ** (-0.5))
     write = torch.mul(kt[..., :, None], vt[..., None, :]).mul_(ia[..., None])
     C = linear_scan(fa[..., None], write, overwrite=True)  # (T, B, NH, dqk, dv)
     n = linear_scan(fa, kt * ia)  # (T, B, NH, dqk)
-    qs = q.permute(2, 0, 1, 3) * (dqk ** (-0.5))  # (T, B, NH, dqk)
-    num = (qs[..., None, :] @ C)[..., 0, :]  # (T, B, NH, dv)
-    qn = (qs[..., None, :] @ n[..., None])[..., 0]  # (T, B, NH, 1)
+    num = (qt[..., None, :] @ C)[..., 0, :]  # (T, B, NH, dv)
+    qn = (qt[..., None, :] @ n[..., None])[..., 0]  # (T, B, NH, 1)
     h = num / (torch.maximum(qn.abs(), torch.exp(-M.transpose(0, 1)[..., None])) + eps)
     return h.permute(1, 2, 0, 3), C.transpose(0, 1), n.transpose(0, 1), M
