@@ -96,12 +96,13 @@ def _per_token(tr: Trace) -> int:
     return sum(t.numel() * t.element_size() for t in tr.values()) // max(1, tokens)
 
 
-def _weights(module: nn.Module) -> int:
-    """The bytes of ``module``'s floating-point parameters, less a Hugging Face model's input
-    embedding table (which its float64 copy leaves out: ``torch_ops.no_embedding``)."""
+def _float64_weights(module: nn.Module) -> int:
+    """The bytes of ``module``'s float64 copy (what the hand cell and the re-judgement run
+    on): its floating-point parameters at 8 bytes each, less a Hugging Face model's input
+    embedding table, which the copy leaves out (``torch_ops.no_embedding``)."""
     left = no_embedding(module)
     out = {id(p) for m in module.modules() if id(m) in left for p in m.parameters()}
-    return sum(p.numel() * p.element_size() for p in module.parameters()
+    return sum(p.numel() * 8 for p in module.parameters()
                if p.is_floating_point() and id(p) not in out)
 
 
@@ -175,7 +176,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         clock["trace"] += time.perf_counter() - t0
         if progress and b0 == 0:  # what it will cost, from the first trace (estimate.py)
             bar.write(plan_line(windows=B, length=T, step=step, per_token=_per_token(tr),
-                                module=2 * _weights(fam.module), layers=fam.num_layers))
+                                module=_float64_weights(fam.module), layers=fam.num_layers))
         for m in active:
             bar.note(stage=m.stage)
             t0 = time.perf_counter()

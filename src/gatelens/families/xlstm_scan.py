@@ -42,7 +42,7 @@ from gatelens.families.delta_scan import package_function, torch_path
 from gatelens.families.forward_scan import linear_scan
 from gatelens.families.official import Recorder, scaled_diff
 
-__all__ = ["STEP_KINDS", "XLSTMForward", "mlstm_replay", "scanned"]
+__all__ = ["STEP_KINDS", "XLSTMForward", "mlstm_replay", "scan_kind", "scanned"]
 
 
 class XLSTMForward:
@@ -129,8 +129,7 @@ def mlstm_replay(backend: nn.Module, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     d_v), n (B, T, NH, d_qk), m (B, T, NH), in its state dtype."""
     cfg = backend.config
     dtype = getattr(torch, cfg.inference_state_dtype)
-    if (_scannable(backend.step_kernel_fn) and q.dtype == dtype
-            and dtype in (torch.float32, torch.float64)):
+    if q.dtype == dtype and scan_kind(backend.step_kernel_fn, dtype) == "native":
         return scanned("native", q, k, v, i, f, cfg.eps)
     step = partial(backend.step_kernel_fn, dtype_state=dtype, eps=cfg.eps)
     # mlstm_kernels names its arguments q, k, v, i, f, c, n, m; transformers' own copy
@@ -157,10 +156,13 @@ STEP_KINDS = {"mlstm_recurrent_step__native": "native", "mlstm_recurrent_step_na
               "recurrent_step_stabilized_simple": "simple"}
 
 
-def _scannable(step: object) -> bool:
-    """Whether ``step`` is a native kernel ``scanned`` replays (another kernel is called a
-    token at a time)."""
-    return STEP_KINDS.get(getattr(step, "__name__", None)) == "native"
+def scan_kind(step: object, dtype: torch.dtype) -> str | None:
+    """The kind (``STEP_KINDS``) of the step kernel ``step`` that ``scanned`` replays with its
+    states in ``dtype``; None for another kernel or a state dtype below float32 (it is then
+    called a token at a time)."""
+    if dtype not in (torch.float32, torch.float64):
+        return None
+    return STEP_KINDS.get(getattr(step, "__name__", None))
 
 
 def scanned(kind: str, q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, eps: float

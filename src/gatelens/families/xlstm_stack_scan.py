@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.families.records import Recorder, conv_buffer, scaled_diff, worst_of
-from gatelens.families.xlstm_scan import STEP_KINDS, scanned
+from gatelens.families.xlstm_scan import scan_kind, scanned
 
 __all__ = ["XLSTMStackForward"]
 
@@ -146,8 +146,7 @@ def _replay(step: Callable, NH: int, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     d = D // NH
     q, k, v = (x.reshape(B, T, NH, d).transpose(1, 2) for x in (q, k, v))  # (B, NH, T, d)
     i, f = (g.transpose(1, 2)[..., None] for g in (i, f))  # (B, NH, T, 1)
-    if (STEP_KINDS.get(getattr(step, "__name__", None)) == "simple"
-            and q.dtype in (torch.float32, torch.float64)):  # its operations, as a scan
+    if scan_kind(step, q.dtype) == "simple":  # its operations, as a scan
         return scanned("simple", q, k, v, i, f, inspect.signature(step).parameters["eps"].default)
     c, n, m = q.new_zeros(B, NH, d, d), q.new_zeros(B, NH, d, 1), q.new_zeros(B, NH, 1, 1)
     C, N, M = c.new_empty(B, T, NH, d, d), n.new_empty(B, T, NH, d), m.new_empty(B, T, NH)
