@@ -78,15 +78,98 @@ def test_mamba_states_from_the_forward_are_the_modules(mambapy):
 
 def test_a_replay_that_is_off_is_seen(monkeypatch):
     """A replay whose keep is off by 1e-3 relative: its states part from the module's own
-    output (step_vs_forward) and the one-step check fails."""
+    output (step_vs_forward) and the one-step check fails. The same for states kept from
+    the module's own loop (SequentialScanStates) that are off."""
     import gatelens.families.hf_mamba as hm
+    from gatelens.families.forward_scan import SequentialScanStates
 
     fam, make = hf_mamba(layers=1)
     call = make(1)
-    monkeypatch.setattr(hm, "linear_scan", lambda a, b, **kw: linear_scan(a * (1 + 1e-3), b, **kw))
+    with monkeypatch.context() as mp:  # the replay (no states kept from the loop)
+        mp.setattr(hm.HFMambaFamily, "scan_steps", lambda self: None)
+        mp.setattr(hm, "linear_scan", lambda a, b, **kw: linear_scan(a * (1 + 1e-3), b, **kw))
+        ref = fam.reference(call)
+    assert ref.extra["step_vs_forward"][1] > 1e-4
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4
+    keep = SequentialScanStates._state
+    monkeypatch.setattr(SequentialScanStates, "_state", lambda self, s: keep(self, s * 1.001))
     ref = fam.reference(call)
     assert ref.extra["step_vs_forward"][1] > 1e-4
     assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4
+
+
+@pytest.mark.parametrize("falcon", [False, True])
+def test_states_kept_from_the_scans_own_loop_are_the_replays(monkeypatch, falcon):
+    """Mamba-1's sequential scan (transformers' MambaModel and FalconMambaModel): the states
+    its loop formed, kept as it formed them (SequentialScanStates), are the replay's bit for
+    bit, in trace and in open_cells (the user's own forward), and were the ones used."""
+    import transformers
+
+    import gatelens
+    from gatelens.families import forward_scan
+    from gatelens.families import hf_mamba as hm
+
+    if falcon:
+        torch.manual_seed(0)
+        model = transformers.FalconMambaModel(transformers.FalconMambaConfig(
+            vocab_size=11, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+            conv_kernel=3, time_step_rank=2)).eval()
+    else:
+        model = hf_mamba(layers=2)[0].module
+    ids = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(3))
+    used, scan = [], forward_scan.SequentialScanStates.scan
+    monkeypatch.setattr(forward_scan.SequentialScanStates, "scan",
+                        lambda self: used.append(scan(self)) or used[-1])
+    kept = gatelens.trace(model, ids)
+    with gatelens.open_cells(model) as cache:
+        model(input_ids=ids)
+    (opened,) = cache.traces[""]
+    assert len(used) == 4 and all(u is not None for u in used)  # 2 layers, twice
+    with monkeypatch.context() as mp:
+        mp.setattr(hm.HFMambaFamily, "scan_steps", lambda self: None)
+        replayed = gatelens.trace(model, ids)
+    assert len(used) == 4  # the replay kept nothing
+    assert set(kept) == set(replayed) == set(opened)
+    for name in kept:
+        assert torch.equal(kept[name], replayed[name]), name
+        assert torch.equal(opened[name], replayed[name]), name
+
+
+def test_kept_states_that_do_not_fit_are_refused():
+    """SequentialScanStates hands states over only where the loop gave exactly one state of
+    the keep's shape and dtype a step: fewer, more, another shape or dtype, or no keep is
+    None (the caller replays). The mode stack is as before also when the module raised."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from gatelens.families.forward_scan import SequentialScanStates
+    from gatelens.families.records import Recorder
+
+    def run(states, keep_shape=(1, 2, 3, 4)):
+        cap = SequentialScanStates()
+        with cap:
+            if keep_shape:
+                torch.exp(torch.zeros(keep_shape))
+            for s in states:
+                torch.matmul(s, torch.ones(s.shape[-1], 1, dtype=s.dtype))
+        return cap.scan()
+
+    good = [torch.randn(1, 2, 4) for _ in range(3)]
+    s, keep = run(good)
+    assert keep.shape == (1, 2, 3, 4) and torch.equal(s, torch.stack(good, dim=1))
+    assert run(good[:2]) is None and run(good + good[:1]) is None
+    assert run(good, None) is None and run([g.double() for g in good]) is None
+    assert run([torch.randn(1, 2, 5) for _ in range(3)]) is None
+
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("no")
+
+    before = len(_get_current_function_mode_stack())
+    mod = Fails()
+    with Recorder({}, {"m": (mod, SequentialScanStates)}) as rec, pytest.raises(ValueError):
+        mod(torch.zeros(1))
+    assert len(_get_current_function_mode_stack()) == before and len(rec.taken("m")) == 1
+    assert rec.taken("m") == []
 
 
 def test_mamba2_states_from_the_forward_follow_its_step_path():

@@ -268,6 +268,12 @@ class Family(abc.ABC):
         forward instead of running the module again; None (the default) where it cannot."""
         return None
 
+    def scan_steps(self) -> dict[str, tuple[nn.Module, type]] | None:
+        """Submodules (with a TorchFunctionMode class) whose own loop's tensors the recorded
+        forward keeps besides ``scan_modules``' calls (families/records.py's Recorder,
+        forward_scan.SequentialScanStates); None (the default): none."""
+        return None
+
     def reference_recorded(self, call: Call, rec: Any, returned: Any) -> Reference:
         """``reference`` of a call the module already ran with ``scan_modules`` recorded by
         ``rec`` (families/official.py's Recorder); ``returned``: what it returned."""

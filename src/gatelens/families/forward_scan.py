@@ -18,6 +18,11 @@ package's own element-wise operations in its order (one multiply, then one add),
   and how far the forward's output lies from the replay's is reported
   (``step_vs_forward``), as METHODS asks for chunked paths.
 
+Where the package's own loop holds every state (transformers' Mamba-1 on the CPU), nothing
+needs replaying: ``SequentialScanStates`` is active during the mixer's forward (a
+TorchFunctionMode, families/records.py's ``Recorder(steps=...)``) and keeps a reference to
+each state its loop handed its read-out, as its loop formed it (copied as it comes).
+
 >>> a = torch.full((3, 2), 0.5)  # (T, N)
 >>> b = torch.ones(3, 2)
 >>> linear_scan(a, b)[:, 0].tolist()  # s = 1, 1.5, 1.75
@@ -26,10 +31,69 @@ package's own element-wise operations in its order (one multiply, then one add),
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["linear_scan"]
+__all__ = ["SequentialScanStates", "linear_scan"]
+
+
+class SequentialScanStates(TorchFunctionMode):
+    """While active, keeps what a sequential selective scan formed (transformers' Mamba-1
+    ``mamba_selective_scan``, its loop): ``keep``, the 4-dimensional result of
+    ``torch.exp`` (exp(Δ A), (B, D, T, N)), and each state s_t its loop hands its read-out
+    (the first operand of each ``torch.matmul`` whose first operand has 3 dimensions,
+    (B, D, N)), copied as it comes into ``states`` (B, T, D, N), allocated once the keep
+    says T: the package's own tensor is freed as in its own run, so its memory is reused
+    as there. ``scan()`` gives (states, keep) where exactly T states of that shape and the
+    keep's dtype came, else None (the caller replays instead). Nothing the package computes
+    is changed.
+
+    >>> cap = SequentialScanStates()
+    >>> with cap:
+    ...     a = torch.exp(torch.zeros(1, 2, 1, 3))
+    ...     _ = torch.matmul(torch.ones(1, 2, 3), torch.ones(1, 3, 1))
+    >>> cap.scan()[0].shape
+    torch.Size([1, 1, 2, 3])
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: Tensor | None = None
+        self.keep: Tensor | None = None
+        self.count = 0
+        self.fits = True
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.matmul and isinstance(args[0], Tensor) and args[0].dim() == 3:
+            self._state(args[0])
+        elif func is torch.exp and isinstance(out, Tensor) and out.dim() == 4:
+            self.keep, self.states, self.count = out, None, 0
+        return out
+
+    def _state(self, s: Tensor) -> None:
+        keep = self.keep
+        if keep is None or s.shape != (keep.shape[0], keep.shape[1], keep.shape[3]) or \
+                s.dtype != keep.dtype or self.count >= keep.shape[2]:
+            self.fits = False
+            return
+        if self.states is None:
+            B, D, T, N = keep.shape
+            self.states = s.new_empty(B, T, D, N)
+        self.states[:, self.count].copy_(s)
+        self.count += 1
+
+    def scan(self) -> tuple[Tensor, Tensor] | None:
+        """(s (B, T, D, N), keep (B, D, T, N)) where the scan handed over one state of the
+        keep's shape and dtype for each of its T steps, and nothing else; else None."""
+        if not self.fits or self.keep is None or self.states is None or \
+                self.count != self.keep.shape[2]:
+            return None
+        return self.states, self.keep
 
 
 @torch.no_grad()

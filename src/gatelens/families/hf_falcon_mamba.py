@@ -78,7 +78,9 @@ def normed_scan(mix: nn.Module, rec: Recorder, k: int
     against the one out_proj received (``step_vs_forward``)."""
     x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # (B, T, d_inner) each
     normed = torch.cat([rec.stacked(f"{n}{k}", outputs=True) for n in NORMS], dim=-1)
-    sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), normed, z)
+    modes = rec.taken(f"scan{k}") if f"scan{k}" in rec.captured else []
+    held = modes[0].scan() if len(modes) == 1 else None  # its scan's own (forward_scan.py)
+    sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), normed, z, held)
     return sig, x, s, scaled_diff(y, rec.stacked(f"out{k}"))
 
 
@@ -122,7 +124,7 @@ class HFFalconMambaFamily(HFMambaFamily):
         if mods is None:
             return None
         cache = DynamicCache(config=self.module.config)
-        with Recorder(mods) as rec:
+        with Recorder(mods, self.scan_steps()) as rec:
             output = self.module(inputs_embeds=call.inputs, cache_params=cache,
                                  use_cache=True).last_hidden_state
         return self._recorded(rec, output, cache)

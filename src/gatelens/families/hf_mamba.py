@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
-from gatelens.families.forward_scan import linear_scan
+from gatelens.families.forward_scan import SequentialScanStates, linear_scan
 from gatelens.families.official import (
     OfficialFamily,
     Recorder,
@@ -279,6 +279,14 @@ class HFMambaFamily(MambaCell):
                          f"out{k}": block.mixer.out_proj})
         return mods
 
+    def scan_steps(self) -> dict[str, tuple[nn.Module, type]] | None:
+        """Each mixer, with ``SequentialScanStates`` active in it: its sequential scan's own
+        states are kept as it forms them (``layer_recorded``), so none is replayed."""
+        if (mods := self.scan_modules()) is None:
+            return None
+        return {f"scan{k}": (mods[f"mixer{k}"], SequentialScanStates)
+                for k in range(self.num_layers)}
+
     #: ``trajectory_recorded`` is each layer's ``layer_recorded`` side by side, so a layer's
     #: states can be replayed on their own (families/official_layers.py)
     layers_apart = True
@@ -293,13 +301,16 @@ class HFMambaFamily(MambaCell):
                 "output": output, "own": [o for _, o, _ in layers], "step_vs_forward": gap}
 
     def layer_recorded(self, rec: Recorder, k: int) -> tuple[list[Tensor], dict, tuple]:
-        """Layer k of ``trajectory_recorded``: the scan replayed on what its mixer's in_proj
-        and x_proj returned (mamba1_scan): its parts, its own signals, and the replay's
-        output before out_proj against the module's scan (abs, scaled)."""
+        """Layer k of ``trajectory_recorded``: the states its scan held where ``rec`` kept
+        them (``scan_steps``), else the scan replayed on what its mixer's in_proj and x_proj
+        returned (mamba1_scan): its parts, its own signals, and the output before out_proj
+        from those states against the module's scan (abs, scaled)."""
         mix = self.mixers(self.module)[k]
         x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # x, then the gate z
-        sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True),
-                                z)
+        xh, xproj = rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True)
+        modes = rec.taken(f"scan{k}") if f"scan{k}" in rec.captured else []
+        held = modes[0].scan() if len(modes) == 1 else None
+        sig, s, y = mamba1_scan(mix, xh, xproj, z, held)
         gap = scaled_diff(y, rec.stacked(f"out{k}"))  # the replay against the module's scan
         return [conv_buffer(x, self.d_conv), s], sig, gap
 
@@ -341,12 +352,15 @@ class HFMambaFamily(MambaCell):
 
 
 @torch.no_grad()
-def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor
+def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
+                held: tuple[Tensor, Tensor] | None = None
                 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """transformers' Mamba-1 selective scan replayed from what its mixer's x_proj received
     (``xh``: the convolution's activated output, (B, T, Din)) and returned (``xproj``:
     (B, T, rank + 2N)), with the package's own operations in its own layout and order
     (``mamba_selective_scan``'s sequential branch), so every state is the one its scan held.
+    ``held``: the states (B, T, Din, N) and keep (B, Din, T, N) its scan itself formed
+    (forward_scan.SequentialScanStates), taken as they are instead of replayed.
     Returns its Δ (B, T, Din) and keep a = exp(Δ A) (B, T, Din·N) as the mixer formed them,
     s (B, T, Din·N), and the scan's output before out_proj, (C·s + D x̂) ⊙ silu(z)
     (B, T, Din), the figure the module's own is compared with."""
@@ -355,6 +369,11 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor
     ts, Bm, Cm = torch.split(xproj, [rank, N, N], dim=-1)  # (B, T, ·) each
     time_step = mix.dt_proj.weight @ ts.transpose(1, 2)  # (B, Din, T), as the mixer forms it
     dt = F.softplus(time_step + mix.dt_proj.bias.float()[..., None])
+    if held is not None:  # the scan's own states: only the output is formed from them
+        s, keep = held
+        y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D
+        sig = {"delta": dt.transpose(1, 2), "a": keep.transpose(1, 2).flatten(2)}
+        return sig, s.flatten(2), y * F.silu(z)
     A = -torch.exp(mix.A_log.float())  # (Din, N)
     # exp in the mixer's own layout (its kernel rounds a tensor's last few elements by
     # another path), then time-major, the layout the recurrence walks

@@ -127,6 +127,10 @@ class HFMamba2Family(HFMambaFamily):
                          f"in{k}": block.mixer.in_proj, f"norm{k}": block.mixer.norm})
         return mods
 
+    def scan_steps(self) -> None:
+        """None: the chunked scan holds no per-token state to keep (``layer_recorded``)."""
+        return None
+
     def layer_recorded(self, rec: Recorder, k: int) -> tuple[list[Tensor], dict, tuple]:
         """Layer k of ``trajectory_recorded`` (HFMambaFamily's, built from this): the
         package's own convolution on what in_proj returned and its decode step's recurrence

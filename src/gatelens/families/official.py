@@ -112,7 +112,7 @@ class OfficialFamily(Family, abc.ABC):
         "step_vs_forward" (the scan's output against the replay); None without scan_modules."""
         if (mods := self.scan_modules()) is None:
             return None
-        with Recorder(mods) as rec:
+        with Recorder(mods, self.scan_steps()) as rec:
             output = self._forward(call)
         return self.trajectory_recorded(rec, output)
 

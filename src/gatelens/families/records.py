@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -129,18 +130,49 @@ class AsDtypes(Mapping[str, Tensor]):
 
 class Recorder:
     """Forward hooks that keep what each of some modules received (its first argument)
-    and returned (its first output), call by call, so a step-by-step run can be stacked."""
+    and returned (its first output), call by call, so a step-by-step run can be stacked.
 
-    def __init__(self, modules: dict[str, nn.Module]) -> None:
+    ``steps`` (name -> (module, a TorchFunctionMode class)): during each call of such a
+    module a fresh mode of that class is active, so it can keep the tensors the module's
+    own loop formed (forward_scan.SequentialScanStates: the states a package's sequential
+    scan held); ``captured[name]`` holds one mode a call, ``taken`` hands them over."""
+
+    def __init__(self, modules: dict[str, nn.Module],
+                 steps: Mapping[str, tuple[nn.Module, Callable[[], Any]]] | None = None
+                 ) -> None:
         self.modules = modules
+        self.steps = dict(steps or {})
         self.inputs: dict[str, list[Tensor]] = {n: [] for n in modules}
         self.outputs: dict[str, list[Tensor]] = {n: [] for n in modules}
+        self.captured: dict[str, list[Any]] = {n: [] for n in self.steps}
         self._handles: list = []
 
     def __enter__(self) -> Recorder:
         for name, mod in self.modules.items():
             self._handles.append(mod.register_forward_hook(self._hook(name), with_kwargs=True))
+        for name, (mod, mode) in self.steps.items():
+            self._handles += self._capture(name, mod, mode)
         return self
+
+    def _capture(self, name: str, mod: nn.Module, mode: Callable[[], Any]) -> list:
+        """Hooks that make a fresh ``mode`` active for each call of ``mod`` (entered just
+        before its forward, left just after, also when it raised: the mode stack stays
+        as it was)."""
+        def enter(*_: object) -> None:
+            self.captured[name].append(mode())
+            self.captured[name][-1].__enter__()
+
+        def leave(*_: object) -> None:
+            self.captured[name][-1].__exit__(None, None, None)
+
+        return [mod.register_forward_pre_hook(enter),
+                mod.register_forward_hook(leave, always_call=True, prepend=True)]
+
+    def taken(self, name: str) -> list[Any]:
+        """The modes of ``name``'s calls since the last ``clear``, handed over (no longer
+        held here: what they kept is freed with them)."""
+        modes, self.captured[name] = self.captured.get(name, []), []
+        return modes
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
@@ -159,7 +191,7 @@ class Recorder:
         return all(len(v) == 1 for v in self.inputs.values())
 
     def clear(self) -> None:
-        for v in (*self.inputs.values(), *self.outputs.values()):
+        for v in (*self.inputs.values(), *self.outputs.values(), *self.captured.values()):
             v.clear()
 
     def stacked(self, name: str, outputs: bool = False) -> Tensor:

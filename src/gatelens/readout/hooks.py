@@ -203,7 +203,7 @@ def open_cells(model: nn.Module, layers: Selection = None,
 
     # a family whose reference is read from the module's own forward records the user's
     # forward itself (its scan_modules), so the module is not run a second time
-    recorders = {path: Recorder(mods) for path, _, fam in opened
+    recorders = {path: Recorder(mods, fam.scan_steps()) for path, _, fam in opened
                  if path in keep and (mods := fam.scan_modules()) is not None}
 
     def reference(path: str, fam: Family, call, output: Any):
