@@ -135,6 +135,27 @@ def test_states_kept_from_the_scans_own_loop_are_the_replays(monkeypatch, falcon
         assert torch.equal(opened[name], replayed[name]), name
 
 
+def test_jambas_states_kept_from_its_loop_are_the_replays(monkeypatch):
+    """Jamba's Mamba mixer (its own copy of the sequential scan): the states kept from its
+    loop are the replay's bit for bit, and were the ones used."""
+    import gatelens
+    from gatelens.families import forward_scan
+    from gatelens.families.hf_jamba import HFJambaFamily
+    from test_forward_scan_hybrids import _jamba_mixer, _x
+
+    mixer = _jamba_mixer().eval()
+    used, scan = [], forward_scan.SequentialScanStates.scan
+    monkeypatch.setattr(forward_scan.SequentialScanStates, "scan",
+                        lambda self: used.append(scan(self)) or used[-1])
+    kept = gatelens.trace(mixer, _x())
+    assert len(used) == 1 and used[0] is not None
+    monkeypatch.setattr(HFJambaFamily, "scan_steps", lambda self: None)
+    replayed = gatelens.trace(mixer, _x())
+    assert len(used) == 1 and set(kept) == set(replayed)
+    for name in kept:
+        assert torch.equal(kept[name], replayed[name]), name
+
+
 def test_kept_states_that_do_not_fit_are_refused():
     """SequentialScanStates hands states over only where the loop gave exactly one state of
     the keep's shape and dtype a step: fewer, more, another shape or dtype, or no keep is

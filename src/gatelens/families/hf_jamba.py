@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
+from gatelens.families.forward_scan import SequentialScanStates
 from gatelens.families.hf_falcon_mamba import normed_hooks, normed_path, normed_scan, rms
 from gatelens.families.hf_mamba import MambaCell
 from gatelens.families.official import OfficialFamily, Recorder, conv_buffer, scaled_diff
@@ -142,6 +143,12 @@ class HFJambaFamily(MambaCell):
         return {**normed_hooks(self.module, 0), "module": self.module} \
             if normed_path(self.module) else None
 
+    def scan_steps(self) -> dict[str, tuple[nn.Module, type]] | None:
+        """The mixer, with ``SequentialScanStates`` active in it: its sequential scan's own
+        states are kept as it forms them (``normed_scan``), so none is replayed."""
+        return {"scan0": (self.module, SequentialScanStates)} if normed_path(self.module) \
+            else None
+
     def trajectory_recorded(self, rec: Recorder, output: Tensor) -> dict:
         return self._recorded(rec, output, None)
 
@@ -152,7 +159,7 @@ class HFJambaFamily(MambaCell):
         if mods is None:
             return None
         cache = self._cache(call.batch, call.inputs, primed=False)
-        with Recorder(mods) as rec:
+        with Recorder(mods, self.scan_steps()) as rec:
             output = self.module(call.inputs, cache_params=cache)
         return self._recorded(rec, output, cache)
 
