@@ -176,7 +176,7 @@ def test_kept_states_that_do_not_fit_are_refused():
 
     good = [torch.randn(1, 2, 4) for _ in range(3)]
     s, keep = run(good)
-    assert keep.shape == (1, 2, 3, 4) and torch.equal(s, torch.stack(good, dim=1))
+    assert keep.shape == (1, 3, 2, 4) and torch.equal(s, torch.stack(good, dim=1))
     assert run(good[:2]) is None and run(good + good[:1]) is None
     assert run(good, None) is None and run([g.double() for g in good]) is None
     assert run([torch.randn(1, 2, 5) for _ in range(3)]) is None

@@ -42,12 +42,12 @@ __all__ = ["SequentialScanStates", "linear_scan"]
 
 class SequentialScanStates(TorchFunctionMode):
     """While active, keeps what a sequential selective scan formed (transformers' Mamba-1
-    ``mamba_selective_scan``, its loop): ``keep``, the 4-dimensional result of
-    ``torch.exp`` (exp(Δ A), (B, D, T, N)), and each state s_t its loop hands its read-out
-    (the first operand of each ``torch.matmul`` whose first operand has 3 dimensions,
-    (B, D, N)), copied as it comes into ``states`` (B, T, D, N), allocated once the keep
-    says T: the package's own tensor is freed as in its own run, so its memory is reused
-    as there. ``scan()`` gives (states, keep) where exactly T states of that shape and the
+    ``mamba_selective_scan``, its loop): the keep exp(Δ A), the 4-dimensional result of
+    ``torch.exp`` ((B, D, T, N)), copied time-major as ``keep`` (B, T, D, N), and each state
+    s_t its loop hands its read-out (the first operand of each ``torch.matmul`` whose first
+    operand has 3 dimensions, (B, D, N)), copied as it comes into ``states`` (B, T, D, N).
+    The package's own tensors are not held, so they are freed, and their memory reused, as in
+    its own run. ``scan()`` gives (states, keep) where exactly T states of that shape and the
     keep's dtype came, else None (the caller replays instead). Nothing the package computes
     is changed.
 
@@ -55,8 +55,8 @@ class SequentialScanStates(TorchFunctionMode):
     >>> with cap:
     ...     a = torch.exp(torch.zeros(1, 2, 1, 3))
     ...     _ = torch.matmul(torch.ones(1, 2, 3), torch.ones(1, 3, 1))
-    >>> cap.scan()[0].shape
-    torch.Size([1, 1, 2, 3])
+    >>> [tuple(t.shape) for t in cap.scan()]
+    [(1, 1, 2, 3), (1, 1, 2, 3)]
     """
 
     def __init__(self) -> None:
@@ -72,26 +72,25 @@ class SequentialScanStates(TorchFunctionMode):
         if func is torch.matmul and isinstance(args[0], Tensor) and args[0].dim() == 3:
             self._state(args[0])
         elif func is torch.exp and isinstance(out, Tensor) and out.dim() == 4:
-            self.keep, self.states, self.count = out, None, 0
+            self.keep, self.states, self.count = out.transpose(1, 2).contiguous(), None, 0
         return out
 
     def _state(self, s: Tensor) -> None:
         keep = self.keep
-        if keep is None or s.shape != (keep.shape[0], keep.shape[1], keep.shape[3]) or \
-                s.dtype != keep.dtype or self.count >= keep.shape[2]:
+        if keep is None or s.shape != (keep.shape[0], keep.shape[2], keep.shape[3]) or \
+                s.dtype != keep.dtype or self.count >= keep.shape[1]:
             self.fits = False
             return
         if self.states is None:
-            B, D, T, N = keep.shape
-            self.states = s.new_empty(B, T, D, N)
+            self.states = torch.empty_like(keep)
         self.states[:, self.count].copy_(s)
         self.count += 1
 
     def scan(self) -> tuple[Tensor, Tensor] | None:
-        """(s (B, T, D, N), keep (B, D, T, N)) where the scan handed over one state of the
-        keep's shape and dtype for each of its T steps, and nothing else; else None."""
+        """(s, keep), (B, T, D, N) each, where the scan handed over one state of the keep's
+        shape and dtype for each of its T steps, and nothing else; else None."""
         if not self.fits or self.keep is None or self.states is None or \
-                self.count != self.keep.shape[2]:
+                self.count != self.keep.shape[1]:
             return None
         return self.states, self.keep
 

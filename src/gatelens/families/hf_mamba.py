@@ -359,7 +359,7 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
     (``xh``: the convolution's activated output, (B, T, Din)) and returned (``xproj``:
     (B, T, rank + 2N)), with the package's own operations in its own layout and order
     (``mamba_selective_scan``'s sequential branch), so every state is the one its scan held.
-    ``held``: the states (B, T, Din, N) and keep (B, Din, T, N) its scan itself formed
+    ``held``: the states and keep (B, T, Din, N) its scan itself formed
     (forward_scan.SequentialScanStates), taken as they are instead of replayed.
     Returns its Δ (B, T, Din) and keep a = exp(Δ A) (B, T, Din·N) as the mixer formed them,
     s (B, T, Din·N), and the scan's output before out_proj, (C·s + D x̂) ⊙ silu(z)
@@ -372,7 +372,7 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
     if held is not None:  # the scan's own states: only the output is formed from them
         s, keep = held
         y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D
-        sig = {"delta": dt.transpose(1, 2), "a": keep.transpose(1, 2).flatten(2)}
+        sig = {"delta": dt.transpose(1, 2), "a": keep.flatten(2)}
         return sig, s.flatten(2), y * F.silu(z)
     A = -torch.exp(mix.A_log.float())  # (Din, N)
     # exp in the mixer's own layout (its kernel rounds a tensor's last few elements by
