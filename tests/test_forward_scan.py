@@ -121,9 +121,10 @@ def test_states_kept_from_the_scans_own_loop_are_the_replays(monkeypatch, falcon
     monkeypatch.setattr(forward_scan.SequentialScanStates, "scan",
                         lambda self: used.append(scan(self)) or used[-1])
     kept = gatelens.trace(model, ids)
-    with gatelens.open_cells(model) as cache:
-        model(input_ids=ids)
+    with gatelens.open_cells(model) as cache:  # a forward that records a graph
+        model(input_ids=ids).last_hidden_state.sum().backward()
     (opened,) = cache.traces[""]
+    assert not any(v.requires_grad for v in opened.values())  # no graph kept in the trace
     assert len(used) == 4 and all(u is not None for u in used)  # 2 layers, twice
     with monkeypatch.context() as mp:
         mp.setattr(hm.HFMambaFamily, "scan_steps", lambda self: None)

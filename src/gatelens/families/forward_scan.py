@@ -72,7 +72,8 @@ class SequentialScanStates(TorchFunctionMode):
         if func is torch.matmul and isinstance(args[0], Tensor) and args[0].dim() == 3:
             self._state(args[0])
         elif func is torch.exp and isinstance(out, Tensor) and out.dim() == 4:
-            self.keep, self.states, self.count = out.transpose(1, 2).contiguous(), None, 0
+            self.keep = out.detach().transpose(1, 2).contiguous()  # no graph: a read-out
+            self.states, self.count = None, 0
         return out
 
     def _state(self, s: Tensor) -> None:
@@ -83,7 +84,7 @@ class SequentialScanStates(TorchFunctionMode):
             return
         if self.states is None:
             self.states = torch.empty_like(keep)
-        self.states[:, self.count].copy_(s)
+        self.states[:, self.count].copy_(s.detach())
         self.count += 1
 
     def scan(self) -> tuple[Tensor, Tensor] | None:
