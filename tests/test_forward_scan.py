@@ -187,11 +187,16 @@ def test_kept_states_that_do_not_fit_are_refused():
             raise ValueError("no")
 
     before = len(_get_current_function_mode_stack())
-    mod = Fails()
+    mod = Fails().eval()
     with Recorder({}, {"m": (mod, SequentialScanStates)}) as rec, pytest.raises(ValueError):
         mod(torch.zeros(1))
-    assert len(_get_current_function_mode_stack()) == before and len(rec.taken("m")) == 1
+    assert len(_get_current_function_mode_stack()) == before
+    assert [type(m) for m in rec.taken("m")] == [SequentialScanStates]
     assert rec.taken("m") == []
+    with Recorder({}, {"m": (mod.train(), SequentialScanStates)}) as rec, \
+            pytest.raises(ValueError):
+        mod(torch.zeros(1))  # training: read by a run of its own, nothing kept
+    assert rec.captured["m"] == [None] and rec.held("m") is None and rec.held("other") is None
 
 
 def test_mamba2_states_from_the_forward_follow_its_step_path():

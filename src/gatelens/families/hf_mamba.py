@@ -308,8 +308,7 @@ class HFMambaFamily(MambaCell):
         mix = self.mixers(self.module)[k]
         x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # x, then the gate z
         xh, xproj = rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True)
-        modes = rec.taken(f"scan{k}") if f"scan{k}" in rec.captured else []
-        held = modes[0].scan() if len(modes) == 1 else None
+        held = mode.scan() if (mode := rec.held(f"scan{k}")) is not None else None
         sig, s, y = mamba1_scan(mix, xh, xproj, z, held)
         gap = scaled_diff(y, rec.stacked(f"out{k}"))  # the replay against the module's scan
         return [conv_buffer(x, self.d_conv), s], sig, gap

@@ -158,15 +158,24 @@ class Recorder:
         """Hooks that make a fresh ``mode`` active for each call of ``mod`` (entered just
         before its forward, left just after, also when it raised: the mode stack stays
         as it was)."""
-        def enter(*_: object) -> None:
-            self.captured[name].append(mode())
-            self.captured[name][-1].__enter__()
+        def enter(module: nn.Module, *_: object) -> None:
+            # a module in training mode is read by a run of its own (readout/hooks.py)
+            self.captured[name].append(None if module.training else mode())
+            if self.captured[name][-1] is not None:
+                self.captured[name][-1].__enter__()
 
         def leave(*_: object) -> None:
-            self.captured[name][-1].__exit__(None, None, None)
+            if self.captured[name][-1] is not None:
+                self.captured[name][-1].__exit__(None, None, None)
 
         return [mod.register_forward_pre_hook(enter),
                 mod.register_forward_hook(leave, always_call=True, prepend=True)]
+
+    def held(self, name: str) -> Any:
+        """The mode of ``name``'s one call since the last ``clear``, handed over (``taken``);
+        None unless it was called exactly once, in eval mode, or it has no ``steps`` entry."""
+        modes = self.taken(name) if name in self.captured else []
+        return modes[0] if len(modes) == 1 else None
 
     def taken(self, name: str) -> list[Any]:
         """The modes of ``name``'s calls since the last ``clear``, handed over (no longer
