@@ -20,8 +20,8 @@ package's own element-wise operations in its order (one multiply, then one add),
 
 Where the package's own loop holds every state (transformers' Mamba-1 on the CPU), nothing
 needs replaying: ``SequentialScanStates`` is active during the mixer's forward (a
-TorchFunctionMode, families/records.py's ``Recorder(steps=...)``) and keeps a reference to
-each state its loop handed its read-out, as its loop formed it (copied as it comes).
+TorchFunctionMode, families/records.py's ``Recorder(steps=...)``) and copies each state its
+loop hands its read-out, and the keep, as the loop forms them.
 
 >>> a = torch.full((3, 2), 0.5)  # (T, N)
 >>> b = torch.ones(3, 2)

@@ -310,7 +310,7 @@ class HFMambaFamily(MambaCell):
         xh, xproj = rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True)
         held = mode.scan() if (mode := rec.held(f"scan{k}")) is not None else None
         sig, s, y = mamba1_scan(mix, xh, xproj, z, held)
-        gap = scaled_diff(y, rec.stacked(f"out{k}"))  # the replay against the module's scan
+        gap = scaled_diff(y, rec.stacked(f"out{k}"))  # the states against the module's scan
         return [conv_buffer(x, self.d_conv), s], sig, gap
 
     def _output_of(self, returned: Any) -> Tensor:
