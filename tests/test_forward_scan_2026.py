@@ -343,9 +343,29 @@ def test_xlstm_states_from_the_forward_are_its_step_kernels():
             one = {n: seen[n][:, :, t : t + 1] for n in "qkvif"}
             c0, n0, m0 = state if state is not None else (None, None, None)
             _, state = backend(**one, c_initial=c0, n_initial=n0, m_initial=m0)
-    C, n, m = fam._raw(state)
-    assert torch.equal(torch.cat([C, n], dim=-1)[:, 0], s[:, -1])
+    C, n, m = fam._raw(state)  # float64
     assert torch.equal(m[:, 0], ref.extra["aux"][0][:, -1])
+    # the raw scale e^m C, e^m n formed in float32 (the soft cap keeps |m| ≤ 15): the exact
+    # product of the same float32 C, n and m, rounded twice (e^m, then the product)
+    assert s.dtype == torch.float32
+    raw = torch.cat([C, n], dim=-1)[:, 0]
+    assert bool(((s[:, -1].double() - raw).abs() <= 2.0**-22 * raw.abs()).all())
+
+
+def test_xlstm_raw_states_past_the_bound_are_formed_in_float64(monkeypatch):
+    """A stabiliser beyond ``RAW_M_MAX`` (here the bound set below every |m|): the raw-scale
+    states are formed in float64, the float32 ones' values within their rounding."""
+    from gatelens.families import xlstm_scan
+    from gatelens.families.hf_xlstm import HFXLSTMFamily
+
+    fam = HFXLSTMFamily(xlstm_block())
+    call = fam.check(_xl())
+    narrow = fam.reference(call).extra["parts"][0]
+    monkeypatch.setattr(xlstm_scan, "RAW_M_MAX", -1.0)  # below every |m|
+    wide = fam.reference(call).extra["parts"][0]
+    for a, b in zip(narrow, wide, strict=True):
+        assert a.dtype == torch.float32 and b.dtype == torch.float64
+        assert bool(((a.double() - b).abs() <= 2.0**-22 * b.abs()).all())
 
 
 def test_xlstm_a_replay_that_is_off_is_seen_and_open_cells_reads_the_users_forward(

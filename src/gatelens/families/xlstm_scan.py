@@ -83,9 +83,13 @@ class XLSTMForward:
         qkvif = self._gates(layer, rec)
         h, C, n, m = mlstm_replay(layer.mlstm_backend, *qkvif)
         B, T = C.shape[:2]
-        scale = torch.exp(m.double())  # (B, T, NH): the raw scale C̄ = e^m C, n̄ = e^m n
-        # each raw state formed once, in float64, in the trace's (B, T, ·) layout
-        parts = [torch.mul(x, scale[(...,) + (None,) * (x.ndim - 3)],
+        # the raw scale C̄ = e^m C, n̄ = e^m n, each formed once in the trace's (B, T, ·)
+        # layout: in the module's dtype where e^m stays far inside its range (the gates'
+        # soft cap keeps |m| ≤ 15; C̄ is then one rounding from the float64 product), else
+        # in float64 (a stabiliser past 60 would leave float32's range with C's own size)
+        wide = output.dtype if float(m.abs().amax()) <= RAW_M_MAX else torch.float64
+        scale = torch.exp(m.to(wide))  # (B, T, NH)
+        parts = [torch.mul(x.to(wide), scale[(...,) + (None,) * (x.ndim - 3)],
                            out=scale.new_empty(x.shape)).reshape(B, T, -1) for x in (C, n)]
         i, f = (g.transpose(1, 2) for g in qkvif[3:])  # (B, T, NH)
         own = {"i": torch.exp(i - m), "f": torch.sigmoid(f), "m": m,
@@ -117,6 +121,11 @@ class XLSTMForward:
         B, T = q.shape[:2]
         q, k, v = (x.reshape(B, T, NH, -1).transpose(1, 2) for x in (q, k, v))
         return q, k, v, i.transpose(1, 2), f.transpose(1, 2)
+
+
+#: the largest |m| (the mLSTM's stabiliser) whose raw-scale states e^m C, e^m n are formed in
+#: the module's dtype (e^60 ≈ 1e26, far inside float32's 3e38 with C's own size on top)
+RAW_M_MAX = 60.0
 
 
 @torch.no_grad()
