@@ -1,0 +1,121 @@
+"""Beside the peer: TransformerLens's per-token Mamba-1 states (``hook_ssm_state`` with its
+mixers' ``eager_scan`` on, ``run_with_cache``) and gatelens's (``open_cells`` on the user's
+own forward), each against transformers' own forward of the same random model, in one
+process, interleaved round by round; medians.
+
+TransformerLens is not a dependency of gatelens. Install it beside the project's
+environment without touching it, e.g. a virtual environment that sees the project's
+packages through a ``.pth`` file::
+
+    python -m venv /tmp/tlv
+    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/tlv/lib/python3.11/site-packages/p.pth
+    /tmp/tlv/bin/pip install transformer-lens==4.3.0
+    /tmp/tlv/bin/python benchmarks/bench_peer_tl.py [--layers 24] [--windows 2] [--rounds 5]
+
+The model (mamba-130m's shape, random weights) is saved to a temporary directory with a
+word-level tokenizer trained on nothing (TransformerLens boots from a directory); nothing is
+downloaded. TransformerLens gets its own copy of the model: its bridge wraps the modules
+of the model it is handed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from bench_real_size import build
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def tokenizer(vocab: int, where: str):
+    """A word-level tokenizer of ``vocab`` words, saved to and loaded from ``where``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel({"[UNK]": 0} | {f"w{i}": i for i in range(1, vocab)},
+                                    unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[UNK]",
+                            bos_token="[UNK]", eos_token="[UNK]").save_pretrained(where)
+    return AutoTokenizer.from_pretrained(where)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    warnings.filterwarnings("ignore")
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        print("bench_peer_tl: transformer_lens is not installed here (see the module's "
+              "docstring)", file=sys.stderr)
+        return 2
+    import transformers
+
+    import gatelens
+
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model, V, words = build("mamba-130m", args.layers)
+    model.eval()
+    ids = torch.randint(0, V, (args.windows, 128), generator=torch.Generator().manual_seed(1))
+    with tempfile.TemporaryDirectory() as where:
+        model.save_pretrained(where)
+        bridge = TransformerBridge.boot_transformers(
+            where, hf_model=copy.deepcopy(model), tokenizer=tokenizer(V, where), device="cpu")
+    mixers = [m for m in bridge.modules() if hasattr(m, "eager_scan")]
+    for m in mixers:
+        m.eager_scan = True
+    wanted = lambda name: name.endswith("hook_ssm_state")  # noqa: E731
+
+    def opened():
+        with gatelens.open_cells(model) as cache:
+            model(ids)
+        return cache
+
+    with torch.no_grad():
+        logits, tl_cache = bridge.run_with_cache(ids, names_filter=wanted)
+        ours = opened().traces["backbone"][0]
+        tl_s = tl_cache["blocks.0.mixer.hook_ssm_state"].permute(0, 2, 1, 3)  # (B, T, D, N)
+        own = ours["layer0.s"].view(tl_s.shape)
+        scale = own.abs().amax(dim=1, keepdim=True).clamp_min(1)
+        print(f"{words}: W = {args.windows}, T = 128, {torch.get_num_threads()} threads; "
+              f"{len(mixers)} mixers scanned eagerly by TransformerLens")
+        print(f"TransformerLens's layer-0 states against the module's own (gatelens's): "
+              f"{float(((tl_s - own).abs() / scale).max()):.1e} scaled; its logits against "
+              f"transformers' {float((logits - model(ids).logits).abs().max()):.1e} (abs)")
+        del tl_cache, ours
+        runs = {"transformers' forward": lambda: model(ids),
+                "TransformerLens run_with_cache(hook_ssm_state)":
+                    lambda: bridge.run_with_cache(ids, names_filter=wanted),
+                "gatelens open_cells": opened}
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    forward = med["transformers' forward"]
+    print(f"median of {args.rounds} interleaved rounds:")
+    for name, t in med.items():
+        print(f"  {name:48s} {t:.3f} s = {t / forward:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
