@@ -14,13 +14,12 @@ the ratios of one round set, not seconds across runs.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 
 import torch
 
 from bench_real_size import build
+from timing import interleaved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,15 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"forward": lambda: module(seen.inputs),
             "kept": lambda: gatelens.trace(module, seen.inputs, seen.state),
             "replayed": replayed}
-    times: dict[str, list[float]] = {k: [] for k in runs}
     with torch.no_grad():
         module(seen.inputs)  # warm-up
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        med = interleaved(runs, args.rounds)
     print(f"{words}: W = {args.windows}, T = {args.length}, {torch.get_num_threads()} threads, "
           f"median of {args.rounds} interleaved rounds")
     print(f"backbone forward {med['forward']:.3f} s; trace, states kept {med['kept']:.3f} s "

@@ -23,16 +23,15 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
 from bench_real_size import build
+from timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -103,13 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 "TransformerLens run_with_cache(hook_ssm_state)":
                     lambda: bridge.run_with_cache(ids, names_filter=wanted),
                 "gatelens open_cells": opened}
-        times: dict[str, list[float]] = {k: [] for k in runs}
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        med = interleaved(runs, args.rounds)
     forward = med["transformers' forward"]
     print(f"median of {args.rounds} interleaved rounds:")
     for name, t in med.items():

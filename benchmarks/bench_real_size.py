@@ -106,6 +106,9 @@ def child(name: str, layers: int | None, windows: int, length: int, read_out_onl
     t0 = time.perf_counter()
     gatelens.verify(module, seen.inputs, seen.state)
     verify_s = time.perf_counter() - t0
+    read_out = {"model": name, "config": words, "forward_s": forward,
+                "open_cells_x": traced / forward, "trace_x": trace_s / forward,
+                "verify_x": verify_s / forward}
     if read_out_only:
         # the forward again, after the read-outs' large tensors came and went: glibc then
         # serves the forward's own large temporaries from its heap instead of mapping fresh
@@ -113,9 +116,7 @@ def child(name: str, layers: int | None, windows: int, length: int, read_out_onl
         with torch.no_grad():
             after = best_of(3, lambda: model(ids))
         trace_after = best_of(2, lambda: gatelens.trace(module, seen.inputs, seen.state))
-        print(json.dumps({"model": name, "config": words, "forward_s": forward,
-                          "open_cells_x": traced / forward, "trace_x": trace_s / forward,
-                          "verify_x": verify_s / forward, "forward_after_s": after,
+        print(json.dumps({**read_out, "forward_after_s": after,
                           "trace_after_x": trace_after / after,
                           "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
         return
@@ -126,9 +127,7 @@ def child(name: str, layers: int | None, windows: int, length: int, read_out_onl
     total = time.perf_counter() - t0
     ly = a.lyapunov
     print(json.dumps({
-        "model": name, "config": words, "windows": windows, "length": length,
-        "forward_s": forward, "open_cells_x": traced / forward, "trace_x": trace_s / forward,
-        "verify_x": verify_s / forward, "analysis_s": total,
+        **read_out, "windows": windows, "length": length, "analysis_s": total,
         "analysis_x": total / forward,
         "stages_x": {k: v / forward for k, v in clock.items() if v},
         "spectrum": None if ly is None else {"k": ly.k, "windows": ly.windows,

@@ -78,9 +78,7 @@ def normed_scan(mix: nn.Module, rec: Recorder, k: int
     against the one out_proj received (``step_vs_forward``)."""
     x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # (B, T, d_inner) each
     normed = torch.cat([rec.stacked(f"{n}{k}", outputs=True) for n in NORMS], dim=-1)
-    mode = rec.held(f"scan{k}")  # its scan's own states (forward_scan.py), if kept
-    held = mode.scan() if mode is not None else None
-    sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), normed, z, held)
+    sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), normed, z, rec.held(f"scan{k}"))
     return sig, x, s, scaled_diff(y, rec.stacked(f"out{k}"))
 
 

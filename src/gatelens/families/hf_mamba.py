@@ -307,9 +307,8 @@ class HFMambaFamily(MambaCell):
         from those states against the module's scan (abs, scaled)."""
         mix = self.mixers(self.module)[k]
         x, z = rec.stacked(f"in{k}", outputs=True).chunk(2, dim=-1)  # x, then the gate z
-        xh, xproj = rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True)
-        held = mode.scan() if (mode := rec.held(f"scan{k}")) is not None else None
-        sig, s, y = mamba1_scan(mix, xh, xproj, z, held)
+        sig, s, y = mamba1_scan(mix, rec.stacked(f"xp{k}"), rec.stacked(f"xp{k}", outputs=True),
+                                z, rec.held(f"scan{k}"))
         gap = scaled_diff(y, rec.stacked(f"out{k}"))  # the states against the module's scan
         return [conv_buffer(x, self.d_conv), s], sig, gap
 
@@ -352,14 +351,15 @@ class HFMambaFamily(MambaCell):
 
 @torch.no_grad()
 def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
-                held: tuple[Tensor, Tensor] | None = None
+                kept: SequentialScanStates | None = None
                 ) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """transformers' Mamba-1 selective scan replayed from what its mixer's x_proj received
     (``xh``: the convolution's activated output, (B, T, Din)) and returned (``xproj``:
     (B, T, rank + 2N)), with the package's own operations in its own layout and order
     (``mamba_selective_scan``'s sequential branch), so every state is the one its scan held.
-    ``held``: the states and keep (B, T, Din, N) its scan itself formed
-    (forward_scan.SequentialScanStates), taken as they are instead of replayed.
+    ``kept``: what its scan itself formed during that forward (forward_scan's
+    SequentialScanStates, as a Recorder holds it): its states and keep are taken as they are
+    where it has them, instead of replayed.
     Returns its Δ (B, T, Din) and keep a = exp(Δ A) (B, T, Din·N) as the mixer formed them,
     s (B, T, Din·N), and the scan's output before out_proj, (C·s + D x̂) ⊙ silu(z)
     (B, T, Din), the figure the module's own is compared with."""
@@ -368,21 +368,21 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
     ts, Bm, Cm = torch.split(xproj, [rank, N, N], dim=-1)  # (B, T, ·) each
     time_step = mix.dt_proj.weight @ ts.transpose(1, 2)  # (B, Din, T), as the mixer forms it
     dt = F.softplus(time_step + mix.dt_proj.bias.float()[..., None])
-    if held is not None:  # the scan's own states: only the output is formed from them
+    held = None if kept is None else kept.scan()
+    if held is not None:  # the scan's own states and keep, (B, T, Din, N) each
         s, keep = held
-        y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D
-        sig = {"delta": dt.transpose(1, 2), "a": keep.flatten(2)}
-        return sig, s.flatten(2), y * F.silu(z)
-    A = -torch.exp(mix.A_log.float())  # (Din, N)
-    # exp in the mixer's own layout (its kernel rounds a tensor's last few elements by
-    # another path), then time-major, the layout the recurrence walks
-    dA = torch.mul(A[None, :, None, :], dt[:, :, :, None]).exp_()  # (B, Din, T, N)
-    a = dA.permute(2, 0, 1, 3).contiguous()  # (T, B, Din, N)
-    del dA
-    dt_t = dt.permute(2, 0, 1)  # (T, B, Din); products are exact whatever the layout
-    b = torch.mul(dt_t[..., None], Bm.transpose(0, 1)[:, :, None, :].float()).mul_(
-        xh.transpose(0, 1)[..., None].float())  # (T, B, Din, N), in place: no second one
-    s = linear_scan(a, b, overwrite=True).transpose(0, 1)  # (B, T, Din, N), over b
+    else:
+        A = -torch.exp(mix.A_log.float())  # (Din, N)
+        # exp in the mixer's own layout (its kernel rounds a tensor's last few elements by
+        # another path), then time-major, the layout the recurrence walks
+        dA = torch.mul(A[None, :, None, :], dt[:, :, :, None]).exp_()  # (B, Din, T, N)
+        a = dA.permute(2, 0, 1, 3).contiguous()  # (T, B, Din, N)
+        del dA
+        dt_t = dt.permute(2, 0, 1)  # (T, B, Din); products are exact whatever the layout
+        b = torch.mul(dt_t[..., None], Bm.transpose(0, 1)[:, :, None, :].float()).mul_(
+            xh.transpose(0, 1)[..., None].float())  # (T, B, Din, N), in place: no second one
+        s = linear_scan(a, b, overwrite=True).transpose(0, 1)  # (B, T, Din, N), over b
+        keep = a.transpose(0, 1)
     y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D  # (B, T, Din)
-    sig = {"delta": dt.transpose(1, 2), "a": a.transpose(0, 1).flatten(2)}
+    sig = {"delta": dt.transpose(1, 2), "a": keep.flatten(2)}
     return sig, s.flatten(2), y * F.silu(z)
