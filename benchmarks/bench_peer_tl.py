@@ -11,6 +11,14 @@ packages through a ``.pth`` file::
     echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/tlv/lib/python3.11/site-packages/p.pth
     /tmp/tlv/bin/pip install transformer-lens==4.3.0
     /tmp/tlv/bin/python benchmarks/bench_peer_tl.py [--layers 24] [--windows 2] [--rounds 5]
+    /tmp/tlv/bin/python benchmarks/bench_peer_tl.py --memory   # peak memory, one child each
+
+``--memory`` runs each of the three calls in its own process (model and bridge built, the
+peak resident memory reset through ``/proc/self/clear_refs``, the call made once and its
+result held): the peak above the resident set before the call, beside the bytes of the
+states it hands over (and of everything it hands over: gatelens's trace holds the keep,
+Δ and the output beside the states). The first call of a fresh process: a call after a
+warm-up would be measured against a heap that still holds the warm-up's freed blocks.
 
 The model (mamba-130m's shape, random weights) is saved to a temporary directory with a
 word-level tokenizer trained on nothing (TransformerLens boots from a directory); nothing is
@@ -22,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -49,29 +60,17 @@ def tokenizer(vocab: int, where: str):
     return AutoTokenizer.from_pretrained(where)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--windows", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args(argv)
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    warnings.filterwarnings("ignore")
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError:
-        print("bench_peer_tl: transformer_lens is not installed here (see the module's "
-              "docstring)", file=sys.stderr)
-        return 2
-    import transformers
+def setup(layers: int, windows: int):
+    """The random model, TransformerLens's bridge over a copy of it, the windows' ids and the
+    three calls compared (each returns what it hands over)."""
+    from transformer_lens.model_bridge import TransformerBridge
 
     import gatelens
 
-    transformers.utils.logging.set_verbosity_error()
     torch.manual_seed(0)
-    model, V, words = build("mamba-130m", args.layers)
+    model, V, words = build("mamba-130m", layers)
     model.eval()
-    ids = torch.randint(0, V, (args.windows, 128), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, V, (windows, 128), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as where:
         model.save_pretrained(where)
         bridge = TransformerBridge.boot_transformers(
@@ -86,6 +85,85 @@ def main(argv: list[str] | None = None) -> int:
             model(ids)
         return cache
 
+    runs = {"transformers' forward": lambda: model(ids),
+            "TransformerLens run_with_cache(hook_ssm_state)":
+                lambda: bridge.run_with_cache(ids, names_filter=wanted),
+            "gatelens open_cells": opened}
+    return model, bridge, ids, words, len(mixers), wanted, opened, runs
+
+
+def _kib(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def memory_child(layers: int, windows: int, which: str) -> None:
+    """One call's peak resident memory above the resident set before it (MiB), and the MiB
+    of per-token states it hands over, as one JSON line."""
+    import gc
+
+    *_, runs = setup(layers, windows)
+    run = runs[which]
+    with torch.no_grad():
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
+        before = _kib("VmRSS")
+        held = run()
+        peak = _kib("VmHWM")
+    if isinstance(held, tuple):  # TransformerLens: (logits, cache)
+        given = {k: v for k, v in held[1].items()}
+    elif hasattr(held, "traces"):  # gatelens: every trace of every call
+        given = {n: t[n] for ts in held.traces.values() for t in ts for n in t}
+    else:
+        given = {}
+    storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
+                for v in given.values() if isinstance(v, torch.Tensor)}
+    states = [v for k, v in given.items() if k.endswith(("hook_ssm_state", ".s"))]
+    print(json.dumps({"call": which, "peak_mib": (peak - before) / 1024,
+                      "states_mib": sum(s.numel() * s.element_size() for s in states) / 2**20,
+                      "given_mib": sum(storages.values()) / 2**20}))
+
+
+def memory(args) -> int:
+    """Each call in its own process (``memory_child``); a table of their peaks."""
+    names = ["transformers' forward", "TransformerLens run_with_cache(hook_ssm_state)",
+             "gatelens open_cells"]
+    print(f"peak resident memory above the set before the call, MiB ({args.layers} layers, "
+          f"W = {args.windows}, T = 128, one process a call):")
+    for which in names:
+        out = subprocess.run([sys.executable, __file__, "--layers", str(args.layers),
+                              "--windows", str(args.windows), "--child", which],
+                             capture_output=True, text=True, check=True)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"  {which:48s} peak {row['peak_mib']:7.1f}  states {row['states_mib']:6.1f}  "
+              f"all it hands over {row['given_mib']:6.1f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--memory", action="store_true", help="peak memory, a process a call")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    warnings.filterwarnings("ignore")
+    try:
+        import transformer_lens  # noqa: F401
+    except ImportError:
+        print("bench_peer_tl: transformer_lens is not installed here (see the module's "
+              "docstring)", file=sys.stderr)
+        return 2
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    if args.child:
+        memory_child(args.layers, args.windows, args.child)
+        return 0
+    if args.memory:
+        return memory(args)
+    model, bridge, ids, words, mixers, wanted, opened, runs = setup(args.layers, args.windows)
     with torch.no_grad():
         logits, tl_cache = bridge.run_with_cache(ids, names_filter=wanted)
         ours = opened().traces["backbone"][0]
@@ -93,15 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         own = ours["layer0.s"].view(tl_s.shape)
         scale = own.abs().amax(dim=1, keepdim=True).clamp_min(1)
         print(f"{words}: W = {args.windows}, T = 128, {torch.get_num_threads()} threads; "
-              f"{len(mixers)} mixers scanned eagerly by TransformerLens")
+              f"{mixers} mixers scanned eagerly by TransformerLens")
         print(f"TransformerLens's layer-0 states against the module's own (gatelens's): "
               f"{float(((tl_s - own).abs() / scale).max()):.1e} scaled; its logits against "
               f"transformers' {float((logits - model(ids).logits).abs().max()):.1e} (abs)")
         del tl_cache, ours
-        runs = {"transformers' forward": lambda: model(ids),
-                "TransformerLens run_with_cache(hook_ssm_state)":
-                    lambda: bridge.run_with_cache(ids, names_filter=wanted),
-                "gatelens open_cells": opened}
         med = interleaved(runs, args.rounds)
     forward = med["transformers' forward"]
     print(f"median of {args.rounds} interleaved rounds:")

@@ -270,3 +270,36 @@ def test_open_cells_reads_the_users_own_forward(build):
         assert got.meta["method"] == "own"
         for name in tr:
             assert torch.equal(got[name], tr[name]), name
+
+
+@pytest.mark.parametrize("build", [hf_mamba, hf_mamba2])
+def test_open_cells_keeps_and_reads_only_the_layers_named(monkeypatch, build):
+    """open_cells(names=...) on a stack: only the layers the names pick are read from the
+    user's forward (``layers_read``), and only theirs are kept from the scan's own loop
+    (Mamba-1; Mamba-2 keeps none), with the same values as the whole read; a short name
+    ("s") picks it in every layer."""
+    import gatelens
+    from gatelens.families import forward_scan
+
+    fam, make = build(layers=3)
+    ids = make(7).layout["ids"]
+    made = []
+    init = forward_scan.SequentialScanStates.__init__
+    monkeypatch.setattr(forward_scan.SequentialScanStates, "__init__",
+                        lambda self: made.append(self) or init(self))
+    with torch.no_grad(), gatelens.open_cells(fam.module) as whole:
+        fam.module(input_ids=ids)
+    every = len(made)
+    with torch.no_grad(), gatelens.open_cells(fam.module, names=["layer1.s", "layer1.y"]) as one:
+        fam.module(input_ids=ids)
+    with torch.no_grad(), gatelens.open_cells(fam.module, names=["s"]) as short:
+        fam.module(input_ids=ids)
+    kept = 1 if fam.scan_steps() else 0
+    assert every == 3 * kept  # each of the 3 layers
+    assert len(made) == every + kept + every  # layer 1's alone, then each layer's for "s"
+    (all_,), (got,), (s,) = whole.traces[""], one.traces[""], short.traces[""]
+    assert set(got) == {"layer1.s", "layer1.y"} and got.meta["layers_read"] == [1]
+    assert set(s) == {f"layer{k}.s" for k in range(3)} and s.meta["layers_read"] == [0, 1, 2]
+    for tr in (got, s):
+        for name in tr:
+            assert torch.equal(tr[name], all_[name]), name

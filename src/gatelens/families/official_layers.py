@@ -35,7 +35,8 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
 from gatelens.families.records import Recorder
 
-__all__ = ["LayerReplay", "one_step_by_layer", "read_layers", "replayed", "streams"]
+__all__ = ["LayerReplay", "layer_steps", "one_step_by_layer", "read_layers", "replayed",
+           "streams"]
 
 
 def streams(fam: Any) -> bool:
@@ -50,8 +51,24 @@ def _recorded(fam: Any, call: Call) -> tuple[Recorder, dict]:
     trajectory dict's entries every layer shares (``Recorder.blocks``, the output)."""
     with Recorder(fam.scan_modules()) as rec:
         output = fam._forward(call)
+    return rec, _shared(fam, rec, output)
+
+
+def _shared(fam: Any, rec: Recorder, output: Tensor) -> dict:
+    """The trajectory dict's entries every layer shares, from a recorded forward."""
     L = fam.num_layers
-    return rec, {**rec.blocks(L), "aux": [None] * L, "output": output, "step_vs_forward": None}
+    return {**rec.blocks(L), "aux": [None] * L, "output": output, "step_vs_forward": None}
+
+
+def layer_steps(fam: Any, names: Sequence[str]) -> dict[str, tuple] | None:
+    """``fam.scan_steps()`` of the layers ``names`` (full trace keys) name only: the states of
+    a layer no name asks for are not kept during the forward (``scan{k}`` is layer k's)."""
+    steps = fam.scan_steps()
+    if steps is None:
+        return None
+    layers = {_layer_of(n) for n in names}
+    return {key: v for key, v in steps.items()
+            if not key.startswith("scan") or int(key[len("scan"):]) in layers}
 
 
 def _layer_reference(fam: Any, call: Call, rec: Recorder, shared: dict, k: int
@@ -120,10 +137,14 @@ class LayerReplay(Mapping[str, Tensor]):
     holds one layer's states, not the stack's (2.5 GB a window at 24 layers of mamba2-130m's
     width). Asked for in layer order, each layer is replayed once."""
 
-    def __init__(self, fam: Any, call: Call, names: Sequence[str]) -> None:
+    def __init__(self, fam: Any, call: Call, names: Sequence[str],
+                 recorded: tuple[Recorder, Tensor] | None = None) -> None:
         self.fam, self.call, self.names = fam, call, list(names)
-        with torch.no_grad(), faithful_matmul(call.inputs.device):
-            self.rec, self.shared = _recorded(fam, call)
+        if recorded is not None:  # a forward the user ran (readout/hooks.py): not run again
+            self.rec, self.shared = recorded[0], _shared(fam, *recorded)
+        else:
+            with torch.no_grad(), faithful_matmul(call.inputs.device):
+                self.rec, self.shared = _recorded(fam, call)
         self.layers = sorted({_layer_of(n) for n in self.names})
         self._held: dict[str, Tensor] = {}
 
@@ -157,18 +178,23 @@ def _layer_of(name: str) -> int:
     return int(name.split(".", 1)[0][len("layer"):])
 
 
-def replayed(fam: Any, call: Call, names: Sequence[str]) -> Readout:
+def replayed(fam: Any, call: Call, names: Sequence[str],
+             recorded: tuple[Recorder, Tensor] | None = None) -> Readout:
     """The module's own signals ``names`` as a Readout whose signals replay their layers as
-    they are read (``LayerReplay``), with ``read_own``'s meta."""
-    replay = LayerReplay(fam, call, [n for n in fam.names() if n in names])
+    they are read (``LayerReplay``), with ``read_own``'s meta; from ``recorded`` (a Recorder
+    of the module's ``scan_modules`` during a forward, and that forward's output tensor)
+    where given, else from a forward of its own."""
+    replay = LayerReplay(fam, call, [n for n in fam.names() if n in names], recorded)
     return Readout(signals=replay, meta={  # type: ignore[arg-type]
         "method": "own", "family": fam.name, "layers_read": replay.layers,
         "state_units": [fam.state_units(k) for k in range(fam.num_layers)]})
 
 
-def read_layers(fam: Any, call: Call, names: list[str]) -> Readout:
+def read_layers(fam: Any, call: Call, names: list[str],
+                recorded: tuple[Recorder, Tensor] | None = None) -> Readout:
     """The module's own signals ``names`` (``read_own``'s values), replaying only the layers
-    they name from one recorded forward: a trace of one layer of a 24-layer Mamba-2 holds
-    that layer's states, not the stack's (4.8 GB at mamba2-130m's width, B = 2, T = 128)."""
-    ro = replayed(fam, call, names)
+    they name from one recorded forward (``recorded``'s, else one of its own): a trace of one
+    layer of a 24-layer Mamba-2 holds that layer's states, not the stack's (4.8 GB at
+    mamba2-130m's width, B = 2, T = 128)."""
+    ro = replayed(fam, call, names, recorded)
     return Readout(signals=dict(ro.signals), meta=ro.meta)

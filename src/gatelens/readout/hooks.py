@@ -29,6 +29,7 @@ from gatelens.cells.numerics import faithful_matmul
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.official import Recorder
+from gatelens.families.official_layers import layer_steps, read_layers, streams
 from gatelens.families.records import nan_max
 from gatelens.families.registry import family_of
 from gatelens.families.stepped import recorded_output_diff
@@ -202,15 +203,21 @@ def open_cells(model: nn.Module, layers: Selection = None,
                                 f"(they have {', '.join(dict.fromkeys(known))})")
 
     # a family whose reference is read from the module's own forward records the user's
-    # forward itself (its scan_modules), so the module is not run a second time
-    recorders = {path: Recorder(mods, fam.scan_steps()) for path, _, fam in opened
+    # forward itself (its scan_modules), so the module is not run a second time; where
+    # ``names`` pick some of a stack's layers, only theirs are kept and read (apart)
+    apart = {path: [n for n in fam.names() if keeps_name(n, names)] for path, _, fam in opened
+             if path in keep and names is not None and streams(fam)}
+    recorders = {path: Recorder(mods, layer_steps(fam, apart[path]) if path in apart
+                                else fam.scan_steps()) for path, _, fam in opened
                  if path in keep and (mods := fam.scan_modules()) is not None}
 
-    def reference(path: str, fam: Family, call, output: Any):
+    def recorded(path: str, fam: Family) -> Recorder | None:
         rec = recorders.get(path)
-        if rec is not None and rec.once() and not module_training(fam):
-            return fam.reference_recorded(call, rec, output)
-        return fam.reference(call)
+        return rec if rec is not None and rec.once() and not module_training(fam) else None
+
+    def reference(path: str, fam: Family, call, output: Any):
+        rec = recorded(path, fam)
+        return fam.reference(call) if rec is None else fam.reference_recorded(call, rec, output)
 
     def make_hook(path: str, fam: Family):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -237,10 +244,15 @@ def open_cells(model: nn.Module, layers: Selection = None,
             with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device), \
                     family_calls():
                 packed = call.layout.get("packed") is not None
-                ro = fam.rerun(call) if packed else own_or_anchored(
-                    fam, call, reference(path, fam, call, output))
+                if path in apart and (rec := recorded(path, fam)) is not None:
+                    ro = read_layers(fam, call, apart[path], (rec, fam._output_of(output)))
+                else:
+                    ro = fam.rerun(call) if packed else own_or_anchored(
+                        fam, call, reference(path, fam, call, output))
                 diff = fam.output_diff(ro, output)
-            cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro), names))
+            picked = apart[path] if path in apart and "layers_read" in ro.meta else None
+            cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro, picked),
+                                                          names))
             if diff is not None:
                 cache.max_abs_diff[path] = nan_max(cache.max_abs_diff.get(path, 0.0), diff)
 
