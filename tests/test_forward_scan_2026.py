@@ -122,10 +122,13 @@ def test_the_states_from_the_forward_are_the_packages_recurrent_step(kind, monke
     a = _chunked_args(mod, call.inputs, monkeypatch)
     step = hf.recurrent_kimi_delta_attention if kind == "kda" else \
         hf.torch_recurrent_gated_delta_rule
-    _, final = step(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"], initial_state=None,
+    o, final = step(a["q"], a["k"], a["v"], g=a["g"], beta=a["beta"], initial_state=None,
                     output_final_state=True, use_qk_l2norm_in_kernel=True)
     s = ref.extra["parts"][0][1]  # (B, T, H·d_v·d_k)
     assert torch.equal(s[:, -1], final.transpose(-1, -2).flatten(1))  # bit for bit
+    replay = delta_scan.kda_replay if kind == "kda" else delta_scan.gdn_replay
+    s2, o2, _ = replay(a["q"], a["k"], a["v"], a["g"], a["beta"], hf.l2norm)
+    assert torch.equal(s2, s) and torch.equal(o2, o.to(o2.dtype))  # every output, bit for bit
     # the decode path, state by state (its convolution runs one window at a time)
     assert scaled_diff(s, decode["parts"][0][1])[1] <= 1e-5
     assert torch.equal(ref.extra["parts"][0][0], decode["parts"][0][0]) or \

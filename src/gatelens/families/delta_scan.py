@@ -68,16 +68,22 @@ def torch_path(layer: nn.Module, names: tuple[str, ...]) -> bool:
 def delta_steps(T: int, S: Tensor, at: Callable[[int], tuple[Tensor, ...]]
                 ) -> Iterator[tuple[int, Tensor, Tensor]]:
     """The packages' recurrent delta-rule step along a window, in their operations and
-    order from the state ``S`` (B, H, d_k, d_v; zeros for a prompt): per t, ``at(t)`` gives
-    (q_t, k_t, v_t, decay_t, β_t) as their loop slices them, decay_t already exp(g_t) in the
-    shape that scales S; yields (t, S_t, o_t), S_t a fresh tensor, o_t (B, H, d_v)."""
+    order from the state ``S`` (B, H, d_k, d_v; zeros for a prompt), which it updates in
+    place: per t, ``at(t)`` gives (q_t, k_t, v_t, decay_t, β_t) as their loop slices them,
+    decay_t already exp(g_t) in the shape that scales S; yields (t, S_t, o_t), S_t that one
+    buffer (copy what you keep before the next step), o_t (B, H, d_v).
+
+    Each product lands in one work tensor of S's shape and layout instead of a fresh one
+    (the package allocates five a step), so every sum over d_k reads the layout the
+    package's reads and the values are the package's bit for bit (tested)."""
+    work = torch.empty_like(S)
     for t in range(T):
         q, k, v, decay, beta = at(t)
-        S = S * decay
-        kv_mem = (S * k.unsqueeze(-1)).sum(dim=-2)
+        S.mul_(decay)
+        kv_mem = torch.mul(S, k.unsqueeze(-1), out=work).sum(dim=-2)
         delta = (v - kv_mem) * beta
-        S = S + k.unsqueeze(-1) * delta.unsqueeze(-2)
-        yield t, S, (S * q.unsqueeze(-1)).sum(dim=-2)
+        S.add_(torch.mul(k.unsqueeze(-1), delta.unsqueeze(-2), out=work))
+        yield t, S, torch.mul(S, q.unsqueeze(-1), out=work).sum(dim=-2)
 
 
 def _kept(T: int, shape: tuple[int, ...], at, like: Tensor) -> tuple[Tensor, Tensor]:
