@@ -48,11 +48,16 @@ def window_diff(got: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
     ...                    torch.tensor([[[2.0], [4.4]], [[1.0], [1.5]]]))
     >>> [round(v, 4) for v in s.tolist()], [round(v, 4) for v in a.tolist()]
     ([0.0909, 0.3333], [0.4, 0.5])
+    >>> torch.equal(window_diff(torch.tensor([[2.0, 4.0], [1.0, 1.0]]),  # (B, T): one unit
+    ...                         torch.tensor([[2.0, 4.4], [1.0, 1.5]]))[1], s)
+    True
     """
     # in the wider of the two dtypes: two float32 values within a factor 2 of each other
     # subtract exactly (Sterbenz), so a read-out's float32 error is measured without a copy
     dtype = torch.promote_types(torch.promote_types(got.dtype, ref.dtype), torch.float32)
     got, ref = torch.broadcast_tensors(got, ref)
+    if ref.ndim == 2:  # (B, T): one unit, whose scale is its largest |ref| in the window
+        got, ref = got[..., None], ref[..., None]
     W = ref.shape[-1]
     step = max(1, DIFF_BYTES // max(1, ref[..., 0].numel() * dtype.itemsize))
     absolute = scaled = None
@@ -63,11 +68,12 @@ def window_diff(got: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
         # (subtracted in ``dtype`` as it is read: no converted copy of either); dividing by
         # a positive number keeps the order, so the largest scaled difference is the largest
         # difference divided by its unit's scale, bit for bit, with no pass over every step
-        scale = torch.maximum(r.amax(dim=1), r.amin(dim=1).neg()).to(dtype).clamp_(min=1.0)
+        scale = torch.maximum(r.amax(dim=1, keepdim=True), r.amin(dim=1, keepdim=True).neg())
+        scale = scale.to(dtype).clamp_(min=1.0)  # (B, 1, ·)
         if g.dtype != dtype and r.dtype != dtype:  # both narrower (half): one widened
             g = g.to(dtype)
         diff = torch.sub(g, r, out=buf[..., : r.shape[-1]])
-        diff = diff.abs_().amax(dim=1)  # (B, ·): each unit's largest in the window
+        diff = diff.abs_().amax(dim=1, keepdim=True)  # (B, 1, ·): each unit's largest
         worst = diff.flatten(1).amax(dim=1), diff.div_(scale).flatten(1).amax(dim=1)
         # torch.maximum keeps a NaN of either side: a NaN anywhere stays the figure
         absolute = worst[0] if absolute is None else torch.maximum(absolute, worst[0])
