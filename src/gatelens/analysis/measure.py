@@ -36,7 +36,6 @@ from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Family, Reference
 from gatelens.families.official_layers import replayed, streams
 from gatelens.families.registry import open_family
-from gatelens.families.torch_ops import no_embedding
 from gatelens.progress import Progress
 from gatelens.readout.trace import assemble, read, trace
 from gatelens.readout.trace_types import Trace
@@ -94,16 +93,6 @@ def _per_token(tr: Trace) -> int:
     first = next(iter(tr.values()), None)
     tokens = 1 if first is None else first.shape[0] * first.shape[1]
     return sum(t.numel() * t.element_size() for t in tr.values()) // max(1, tokens)
-
-
-def _float64_weights(module: nn.Module) -> int:
-    """The bytes of ``module``'s float64 copy (what the hand cell and the re-judgement run
-    on): its floating-point parameters at 8 bytes each, less a Hugging Face model's input
-    embedding table, which the copy leaves out (``torch_ops.no_embedding``)."""
-    left = no_embedding(module)
-    out = {id(p) for m in module.modules() if id(m) in left for p in m.parameters()}
-    return sum(p.numel() * 8 for p in module.parameters()
-               if p.is_floating_point() and id(p) not in out)
 
 
 def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
@@ -176,7 +165,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         clock["trace"] += time.perf_counter() - t0
         if progress and b0 == 0:  # what it will cost, from the first trace (estimate.py)
             bar.write(plan_line(windows=B, length=T, step=step, per_token=_per_token(tr),
-                                module=_float64_weights(fam.module), layers=fam.num_layers))
+                                module=fam.float64_bytes(), layers=fam.num_layers))
         for m in active:
             bar.note(stage=m.stage)
             t0 = time.perf_counter()

@@ -311,6 +311,19 @@ class Family(abc.ABC):
     def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:
         """The recurrence of each causal direction along the trajectory (float64)."""
 
+    #: the ``deepcopy`` memo of the family's float64 copy of its module, from the module
+    #: (what the copy leaves out or puts in place of a part): none here; an official
+    #: family's leaves out the input embedding and widens its largest Linears (upcast.py)
+    float64_memo: ClassVar[Callable[[nn.Module], dict[int, Any]]] = staticmethod(lambda m: {})
+
+    def float64_bytes(self) -> int:
+        """The bytes of this family's float64 copy of its module (analysis/estimate.py),
+        counted as though the input embedding were left out."""
+        from gatelens.families.torch_ops import float64_bytes, no_embedding
+
+        memo = no_embedding(self.module) | self.float64_memo(self.module)
+        return float64_bytes(self.module, memo)
+
     def family64(self) -> Family:
         """This family on a float64 copy of its module (the module itself is left as it is):
         the float64 re-judgement's (readout/depth.py)."""

@@ -47,7 +47,7 @@ from gatelens.families.records import (
     worst_of,
     worst_of_windows,
 )
-from gatelens.families.torch_ops import no_embedding
+from gatelens.families.upcast import float64_memo
 
 __all__ = ["OfficialFamily", "Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
 
@@ -91,6 +91,7 @@ class OfficialFamily(Family, abc.ABC):
     #: what one unit is, in words (a channel, a (channel, state) pair, a head)
     units_name: str = "channel"
     layers_apart: bool = False  # trajectory_recorded: each layer's layer_recorded(rec, k)
+    float64_memo = staticmethod(float64_memo)  # no input embedding, the largest Linears widened
 
     @abc.abstractmethod
     def state_units(self, k: int) -> Tensor:
@@ -180,15 +181,14 @@ class OfficialFamily(Family, abc.ABC):
         """A float64 copy of the module (made once), for the hand cell and the dynamics."""
         cached = self.__dict__.get("_m64")
         if cached is None or cached[0] != self._weights_version():
-            m = copy.deepcopy(self.module, no_embedding(self.module)).double().eval()
+            m = copy.deepcopy(self.module, self.float64_memo(self.module)).double().eval()
             self.__dict__["_m64"] = cached = (self._weights_version(), m.requires_grad_(False))
         return cached[1]
 
     def family64(self) -> Family:
         """The family on its own float64 copy (``float64``, made once), which is that family's
-        float64 copy too: one float64 set of weights for the module's float64 forward and its
-        hand cell (1 GB at 24 layers of mamba-130m's shape); a module in training mode keeps
-        its mode in a copy of its own."""
+        float64 copy too: one set of weights for the module's float64 forward and its hand
+        cell; a module in training mode keeps its mode in a copy of its own."""
         m = self.float64()
         if not isinstance(m, nn.Module) or self.module.training:
             return super().family64()

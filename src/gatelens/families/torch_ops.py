@@ -115,3 +115,16 @@ def no_embedding(module: nn.Module) -> dict:
     if not isinstance(emb, nn.Embedding):
         return {}
     return {id(emb): nn.Embedding(1, emb.embedding_dim, dtype=emb.weight.dtype)}
+
+
+def float64_bytes(module: nn.Module, memo: dict[int, Any]) -> int:
+    """The bytes of a float64 ``deepcopy`` of ``module`` with ``memo``: its floating-point
+    parameters at 8 bytes each, less those of the modules the memo puts something else in
+    place of (``no_embedding``'s table, upcast.py's widened Linears).
+
+    >>> float64_bytes(nn.Linear(3, 2), {})
+    64
+    """
+    out = {id(p) for m in module.modules() if id(m) in memo for p in m.parameters()}
+    return sum(p.numel() * 8 for p in module.parameters()
+               if p.is_floating_point() and id(p) not in out)
