@@ -14,9 +14,20 @@ import gatelens
 from gatelens.families import upcast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from official_models import hf_mamba, hf_mamba2, hf_rwkv, mingru_lm, xlstm_mlstm  # noqa: E402
+from official_models import (  # noqa: E402
+    hf_mamba,
+    hf_mamba2,
+    hf_rwkv,
+    mambapy_stack,
+    mingru_lm,
+    xlstm_mlstm,
+)
 
-BUILDERS = [hf_mamba, hf_mamba2, hf_rwkv, mingru_lm, xlstm_mlstm]
+#: the families that widen (the Mamba cells: their hand cell reads each Linear over many
+#: rows a call), and some that do not (a token at a time: widening would cost more than it
+#: saves, 4× on xLSTM-7B's block, so their copy holds every weight)
+WIDENING = [hf_mamba, hf_mamba2, mambapy_stack]
+HOLDING = [hf_rwkv, mingru_lm, xlstm_mlstm]
 
 
 def _figures(build):
@@ -41,7 +52,7 @@ def _figures(build):
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.script.*deprecated:DeprecationWarning")
-@pytest.mark.parametrize("build", BUILDERS, ids=lambda b: b.__name__)
+@pytest.mark.parametrize("build", WIDENING, ids=lambda b: b.__name__)
 def test_widened_weights_give_the_float64_copys_figures_bit_for_bit(monkeypatch, build):
     monkeypatch.setattr(upcast, "UPCAST_NUMBERS", 10**12)  # no Linear widened
     _, kinds, whole = _figures(build)
@@ -62,6 +73,14 @@ def test_widened_weights_give_the_float64_copys_figures_bit_for_bit(monkeypatch,
             assert m.source.weight.dtype == torch.float32 and id(m.source.weight) in own
             assert m.weight.dtype == torch.float64 and not m.weight.requires_grad
             assert all(id(p) not in own for p in m.parameters())  # its bias is the copy's
+
+
+@pytest.mark.parametrize("build", HOLDING, ids=lambda b: b.__name__)
+def test_a_family_stepping_a_token_at_a_time_holds_every_weight(monkeypatch, build):
+    monkeypatch.setattr(upcast, "UPCAST_NUMBERS", 1)
+    fam, _ = build(layers=1)
+    assert not any(isinstance(m, upcast.UpcastLinear) for m in fam.float64().modules())
+    assert any(type(m) is torch.nn.Linear for m in fam.float64().modules())
 
 
 def test_a_large_linear_is_widened_and_the_estimate_counts_what_the_copy_holds():

@@ -313,7 +313,8 @@ class Family(abc.ABC):
 
     #: the ``deepcopy`` memo of the family's float64 copy of its module, from the module
     #: (what the copy leaves out or puts in place of a part): none here; an official
-    #: family's leaves out the input embedding and widens its largest Linears (upcast.py)
+    #: family's leaves out the input embedding, a Mamba family's also widens its largest
+    #: Linears at each call (upcast.py)
     float64_memo: ClassVar[Callable[[nn.Module], dict[int, Any]]] = staticmethod(lambda m: {})
 
     def float64_bytes(self) -> int:

@@ -7,6 +7,10 @@ clean states. Here each ``nn.Linear`` of at least ``UPCAST_NUMBERS`` weights is 
 ``UpcastLinear``: it keeps the module's own float32 weight (shared, never converted, not one
 of the copy's parameters) and widens it at each call, so the copy computes what a float64
 copy computes, bit for bit (widening is exact), with none of those weights held in float64.
+A family takes it where its hand cell reads each Linear over many rows a call (the Mamba
+cells: a piece of the window, a whole layer); where it steps a token at a time the widening
+would cost more than the copy (4× on one block of xLSTM-7B's width), and its copy holds
+every weight (``OfficialFamily.float64_memo``).
 
 >>> import copy, torch
 >>> lin = torch.nn.Linear(4, 3)
@@ -67,6 +71,6 @@ def upcast_memo(module: nn.Module, numbers: int | None = None) -> dict[int, nn.M
 
 
 def float64_memo(module: nn.Module) -> dict[int, nn.Module]:
-    """The ``deepcopy`` memo of an official family's float64 copy: no input embedding table
+    """The ``deepcopy`` memo of a Mamba family's float64 copy: no input embedding table
     (``torch_ops.no_embedding``) and the largest Linear weights widened at each call."""
     return no_embedding(module) | upcast_memo(module)
