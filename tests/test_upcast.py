@@ -14,20 +14,13 @@ import gatelens
 from gatelens.families import upcast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from official_models import (  # noqa: E402
-    hf_mamba,
-    hf_mamba2,
-    hf_rwkv,
-    mambapy_stack,
-    mingru_lm,
-    xlstm_mlstm,
-)
+import official_models as om  # noqa: E402
 
 #: the families that widen (the Mamba cells: their hand cell reads each Linear over many
 #: rows a call), and some that do not (a token at a time: widening would cost more than it
 #: saves, 4× on xLSTM-7B's block, so their copy holds every weight)
-WIDENING = [hf_mamba, hf_mamba2, mambapy_stack]
-HOLDING = [hf_rwkv, mingru_lm, xlstm_mlstm]
+WIDENING = [om.hf_mamba, om.hf_mamba2, om.mambapy_stack]
+HOLDING = [om.hf_rwkv, om.mingru_lm, om.xlstm_mlstm]
 
 
 def _figures(build):
@@ -84,7 +77,7 @@ def test_a_family_stepping_a_token_at_a_time_holds_every_weight(monkeypatch, bui
 
 
 def test_a_large_linear_is_widened_and_the_estimate_counts_what_the_copy_holds():
-    fam, _ = hf_mamba(layers=2)
+    fam, _ = om.hf_mamba(layers=2)
     linears = [m for m in fam.module.modules() if type(m) is torch.nn.Linear]
     full = fam.float64_bytes()
     old = upcast.UPCAST_NUMBERS
