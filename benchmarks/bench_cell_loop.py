@@ -15,8 +15,6 @@ own outputs, and the free-running re-run), which open_cells does not do.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +23,7 @@ from gatelens.families.registry import family_of
 from gatelens.readout.hooks import open_cells
 from gatelens.readout.stitch import Stitcher
 from gatelens.readout.verify import verify_call
+from timing import interleaved
 
 
 class CellLoop(nn.Module):
@@ -72,13 +71,7 @@ def measure(model: CellLoop, x: Tensor, repeats: int, warmup: int) -> dict[str, 
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return interleaved(fns, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from gatelens.families.recipe import Recipe
 from gatelens.families.spec import CellSpec, names_of
+from gatelens.families.torch_ops import float64_bytes, no_embedding
 
 
 @dataclass(frozen=True)
@@ -312,18 +313,14 @@ class Family(abc.ABC):
         """The recurrence of each causal direction along the trajectory (float64)."""
 
     #: the ``deepcopy`` memo of the family's float64 copy of its module, from the module
-    #: (what the copy leaves out or puts in place of a part): none here; an official
-    #: family's leaves out the input embedding, a Mamba family's also widens its largest
-    #: Linears at each call (upcast.py)
-    float64_memo: ClassVar[Callable[[nn.Module], dict[int, Any]]] = staticmethod(lambda m: {})
+    #: (what the copy leaves out or puts in place of a part): the input embedding table (an
+    #: official family's copy leaves it out; the estimate counts every family's so), a Mamba
+    #: family's also widens its largest Linears at each call (upcast.py)
+    float64_memo: ClassVar[Callable[[nn.Module], dict[int, Any]]] = staticmethod(no_embedding)
 
     def float64_bytes(self) -> int:
-        """The bytes of this family's float64 copy of its module (analysis/estimate.py),
-        counted as though the input embedding were left out."""
-        from gatelens.families.torch_ops import float64_bytes, no_embedding
-
-        memo = no_embedding(self.module) | self.float64_memo(self.module)
-        return float64_bytes(self.module, memo)
+        """The bytes of this family's float64 copy of its module (analysis/estimate.py)."""
+        return float64_bytes(self.module, self.float64_memo(self.module))
 
     def family64(self) -> Family:
         """This family on a float64 copy of its module (the module itself is left as it is):

@@ -47,7 +47,6 @@ from gatelens.families.records import (
     worst_of,
     worst_of_windows,
 )
-from gatelens.families.torch_ops import no_embedding
 
 __all__ = ["OfficialFamily", "Recorder", "buffer_units", "conv_buffer", "scaled_diff"]
 
@@ -91,7 +90,6 @@ class OfficialFamily(Family, abc.ABC):
     #: what one unit is, in words (a channel, a (channel, state) pair, a head)
     units_name: str = "channel"
     layers_apart: bool = False  # trajectory_recorded: each layer's layer_recorded(rec, k)
-    float64_memo = staticmethod(no_embedding)  # the float64 copy without the input embedding
 
     @abc.abstractmethod
     def state_units(self, k: int) -> Tensor:

@@ -10,7 +10,7 @@ copy computes, bit for bit (widening is exact), with none of those weights held 
 A family takes it where its hand cell reads each Linear over many rows a call (the Mamba
 cells: a piece of the window, a whole layer); where it steps a token at a time the widening
 would cost more than the copy (4× on one block of xLSTM-7B's width), and its copy holds
-every weight (``OfficialFamily.float64_memo``).
+every weight (``Family.float64_memo``).
 
 >>> import copy, torch
 >>> lin = torch.nn.Linear(4, 3)
@@ -23,7 +23,6 @@ every weight (``OfficialFamily.float64_memo``).
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -50,9 +49,8 @@ class UpcastLinear(nn.Module):
 
     @property
     def weight(self) -> Tensor:
-        """The module's own weight, in this copy's dtype (float64 once converted)."""
-        dtype = torch.float64 if self.bias is None else self.bias.dtype
-        return self.source.weight.detach().to(dtype)
+        """The module's own weight, widened to float64 (the copy's dtype)."""
+        return self.source.weight.detach().double()
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)

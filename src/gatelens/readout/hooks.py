@@ -244,13 +244,14 @@ def open_cells(model: nn.Module, layers: Selection = None,
             with running.reading(), torch.no_grad(), faithful_matmul(call.inputs.device), \
                     family_calls():
                 packed = call.layout.get("packed") is not None
+                picked = None  # the names a read of some layers holds, else every name
                 if path in apart and (rec := recorded(path, fam)) is not None:
-                    ro = read_layers(fam, call, apart[path], (rec, fam._output_of(output)))
+                    picked = apart[path]
+                    ro = read_layers(fam, call, picked, (rec, fam._output_of(output)))
                 else:
                     ro = fam.rerun(call) if packed else own_or_anchored(
                         fam, call, reference(path, fam, call, output))
                 diff = fam.output_diff(ro, output)
-            picked = apart[path] if path in apart and "layers_read" in ro.meta else None
             cache.traces.setdefault(path, []).append(only(assemble(fam, call, ro, picked),
                                                           names))
             if diff is not None:
