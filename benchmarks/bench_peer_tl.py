@@ -115,8 +115,13 @@ def memory_child(layers: int, windows: int, which: str) -> None:
         given = {n: t[n] for ts in held.traces.values() for t in ts for n in t}
     else:
         given = {}
-    storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes()
-                for v in given.values() if isinstance(v, torch.Tensor)}
+    spans: dict[int, tuple[int, int]] = {}  # storage -> the bytes its views span
+    for v in given.values():
+        if isinstance(v, torch.Tensor):
+            lo, hi = v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()
+            was = spans.get(key := v.untyped_storage().data_ptr(), (lo, hi))
+            spans[key] = (min(lo, was[0]), max(hi, was[1]))
+    storages = {k: hi - lo for k, (lo, hi) in spans.items()}
     states = [v for k, v in given.items() if k.endswith(("hook_ssm_state", ".s"))]
     print(json.dumps({"call": which, "peak_mib": (peak - before) / 1024,
                       "states_mib": sum(s.numel() * s.element_size() for s in states) / 2**20,

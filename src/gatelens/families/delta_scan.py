@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from gatelens.families.buffers import state_empty
 from gatelens.families.official import Recorder, conv_buffer, scaled_diff
 
 __all__ = ["GDN_PACKAGE", "KDA_PACKAGE", "DeltaForward", "DeltaPackage", "delta_steps",
@@ -90,7 +91,7 @@ def _kept(T: int, shape: tuple[int, ...], at, like: Tensor) -> tuple[Tensor, Ten
     """Every S_t of ``delta_steps`` written as the trace holds it, (B, T, H·d_v·d_k), each
     head's S (d_v × d_k) row by row, and every o_t, (B, T, H, d_v)."""
     B, H, dk, dv = shape
-    states = like.new_empty(B, T, H, dv, dk)
+    states = state_empty((B, T, H, dv, dk), like.dtype, like.device)
     out = like.new_empty(B, T, H, dv)
     for t, S, o in delta_steps(T, like.new_zeros(shape), at):
         states[:, t].copy_(S.transpose(-1, -2))  # a copy; the next step reads S as it was

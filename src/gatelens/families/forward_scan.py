@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from gatelens.families.buffers import state_empty
+
 __all__ = ["SequentialScanStates", "linear_scan"]
 
 
@@ -72,7 +74,8 @@ class SequentialScanStates(TorchFunctionMode):
         if func is torch.matmul and isinstance(args[0], Tensor) and args[0].dim() == 3:
             self._state(args[0])
         elif func is torch.exp and isinstance(out, Tensor) and out.dim() == 4:
-            self.keep = out.detach().transpose(1, 2).contiguous()  # no graph: a read-out
+            keep = out.detach().transpose(1, 2)  # no graph: a read-out
+            self.keep = state_empty(keep.shape, keep.dtype, keep.device).copy_(keep)
             self.states, self.count = None, 0
         return out
 
@@ -83,7 +86,7 @@ class SequentialScanStates(TorchFunctionMode):
             self.fits = False
             return
         if self.states is None:
-            self.states = torch.empty_like(keep)
+            self.states = state_empty(keep.shape, keep.dtype, keep.device)
         self.states[:, self.count].copy_(s.detach())
         self.count += 1
 
@@ -109,9 +112,9 @@ def linear_scan(a: Tensor, b: Tensor, overwrite: bool = False) -> Tensor:
     a_t ⊙ s_{t−1} + b_t does, bit for bit); with ``overwrite`` over ``b`` itself (made
     contiguous), which the caller no longer needs, so no second (T, ...) tensor is made (a
     layer of 24 Mamba-2 heads of 64 × 128 is 200 MB a window in float64)."""
-    a, s = a.contiguous(), b.contiguous()
-    if s is b and not overwrite:  # b is the caller's: the states go in a copy of it
-        s = b.clone()
+    a, s = a.contiguous(), b
+    if not (overwrite and b.is_contiguous()):  # b is the caller's: the states go in a copy
+        s = state_empty(b.shape, b.dtype, b.device).copy_(b)
     step = torch.empty_like(s[0])
     torch.mul(a[0], torch.zeros_like(s[0]), out=step)
     s[0].add_(step)

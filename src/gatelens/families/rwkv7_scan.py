@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gatelens.families.buffers import state_empty
 from gatelens.families.rwkv7_train import GN_EPS, W_SCALE
 
 __all__ = ["channel_mix_scan", "scan_block", "scan_model", "time_mix_scan", "token_shift",
@@ -129,7 +130,7 @@ def time_mix_scan(layer_id: int, H: int, N: int, x: Tensor, v_first: Tensor | No
     ws, rs = by_t(wd, 1, N), by_t(r, N, 1)
     # S after every token is written once into its place; the step itself runs in two
     # buffers that stay in cache (fresh tensors a step would each be new memory)
-    states = torch.empty(B, T, H, N, N, dtype=acc, device=x.device)
+    states = state_empty((B, T, H, N, N), acc, x.device)
     out = torch.empty(B, T, H, N, 1, dtype=x.dtype, device=x.device)
     prev, cur = (torch.zeros(B, H, N, N, dtype=acc, device=x.device) for _ in range(2))
     vk, ab = (torch.empty(B, H, N, N, dtype=x.dtype, device=x.device) for _ in range(2))

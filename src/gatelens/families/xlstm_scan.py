@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelens.families.base import Call
+from gatelens.families.buffers import state_empty
 from gatelens.families.delta_scan import package_function, torch_path
 from gatelens.families.forward_scan import linear_scan
 from gatelens.families.official import Recorder, scaled_diff
@@ -90,7 +91,8 @@ class XLSTMForward:
         wide = output.dtype if float(m.abs().amax()) <= RAW_M_MAX else torch.float64
         scale = torch.exp(m.to(wide))  # (B, T, NH)
         parts = [torch.mul(x.to(wide), scale[(...,) + (None,) * (x.ndim - 3)],
-                           out=scale.new_empty(x.shape)).reshape(B, T, -1) for x in (C, n)]
+                           out=state_empty(x.shape, wide, x.device)).reshape(B, T, -1)
+                 for x in (C, n)]
         i, f = (g.transpose(1, 2) for g in qkvif[3:])  # (B, T, NH)
         own = {"i": torch.exp(i - m), "f": torch.sigmoid(f), "m": m,
                "o": rec.stacked("o", outputs=True),
@@ -148,7 +150,8 @@ def mlstm_replay(backend: nn.Module, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     B, NH, T, dqk = k.shape
     c = torch.zeros(B, NH, dqk, v.shape[-1], dtype=dtype, device=k.device)
     n, m = c.new_zeros(B, NH, dqk), c.new_zeros(B, NH, 1)
-    C, N, M = c.new_empty(B, T, *c.shape[1:]), n.new_empty(B, T, NH, dqk), m.new_empty(B, T, NH)
+    C, N, M = state_empty((B, T, *c.shape[1:]), c.dtype, c.device), n.new_empty(
+        B, T, NH, dqk), m.new_empty(B, T, NH)
     h = v.new_empty(v.shape)
     for t in range(T):
         args = (q[:, :, t], k[:, :, t], v[:, :, t], i[:, :, t : t + 1], f[:, :, t : t + 1],
@@ -202,7 +205,8 @@ def scanned(kind: str, q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, ep
         kt = kt / math.sqrt(dqk)
     else:  # the native kernels write k and read h with q · d^−½
         qt = qt * (dqk ** (-0.5))
-    write = torch.mul(kt[..., :, None], vt[..., None, :]).mul_(ia[..., None])
+    write = torch.mul(kt[..., :, None], vt[..., None, :], out=state_empty(
+        (T, B, NH, dqk, vt.shape[-1]), kt.dtype, kt.device)).mul_(ia[..., None])
     C = linear_scan(fa[..., None], write, overwrite=True)  # (T, B, NH, dqk, dv)
     n = linear_scan(fa, kt * ia)  # (T, B, NH, dqk)
     num = (qt[..., None, :] @ C)[..., 0, :]  # (T, B, NH, dv)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from gatelens.families.buffers import state_empty
 from gatelens.families.records import Recorder, conv_buffer, scaled_diff, worst_of
 from gatelens.families.xlstm_scan import scan_kind, scanned
 
@@ -149,7 +150,8 @@ def _replay(step: Callable, NH: int, q: Tensor, k: Tensor, v: Tensor, i: Tensor,
     if scan_kind(step, q.dtype) == "simple":  # its operations, as a scan
         return scanned("simple", q, k, v, i, f, inspect.signature(step).parameters["eps"].default)
     c, n, m = q.new_zeros(B, NH, d, d), q.new_zeros(B, NH, d, 1), q.new_zeros(B, NH, 1, 1)
-    C, N, M = c.new_empty(B, T, NH, d, d), n.new_empty(B, T, NH, d), m.new_empty(B, T, NH)
+    C, N, M = state_empty((B, T, NH, d, d), c.dtype, c.device), n.new_empty(B, T, NH, d), \
+        m.new_empty(B, T, NH)
     h = q.new_empty(B, NH, T, d)
     for t in range(T):
         at = slice(t, t + 1)
