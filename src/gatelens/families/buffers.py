@@ -5,7 +5,7 @@ Mamba-2 layer of width 256 at B = 2, T = 128 that is 33.5 MB. glibc hands a requ
 large (32 MiB and up, its largest mmap threshold) straight to the kernel as a fresh mapping,
 every time, and on Linux with 4 KiB pages the first touch of each page (a fault, then the
 page zeroed) costs more than writing the states themselves: ~20 ms for 33.5 MB against
-~3 ms for the writes on the machine of BENCHMARKS.md. ``state_empty`` maps such a buffer
+~3 ms for the writes on an AMD EPYC (BENCHMARKS.md). ``state_empty`` maps such a buffer
 itself and asks the kernel for 2 MiB pages (``MADV_HUGEPAGE``, which transparent huge pages'
 ``madvise`` mode, most distributions' default, grants): ~5 ms for the same 33.5 MB. A
 smaller buffer comes from PyTorch's allocator, where glibc recycles memory already touched
