@@ -91,3 +91,39 @@ def test_every_familys_trace_is_the_same_in_mapped_buffers(monkeypatch, name):
     assert list(mapped) == list(plain)
     for k, v in plain.items():
         assert torch.equal(mapped[k], v), k
+
+
+def test_joined_is_a_view_only_where_the_parts_lie_side_by_side():
+    from gatelens.families.buffers import joined
+
+    both = torch.arange(2 * 3 * 10, dtype=torch.float32).view(2, 3, 10)
+    parts = list(both.split((6, 4), dim=-1))
+    j = joined(parts)
+    assert torch.equal(j, both) and j.data_ptr() == both.data_ptr() and j.stride() == both.stride()
+    cases = [
+        [both[..., :4], both[..., 6:]],  # a gap between them
+        [both[..., 6:], both[..., :6]],  # out of order
+        [both[..., :6], both[..., 6:].double()],  # another dtype
+        [both[..., :6], both[..., 6:].clone()],  # another buffer
+        [both[:, :2, :6], both[:, 1:, 6:]],  # other rows
+        [both[..., :6]],  # one part
+    ]
+    for case in cases:
+        got = joined(case)
+        assert torch.equal(got, torch.cat(case, dim=-1))
+        assert all(got.data_ptr() != p.data_ptr() for p in case)  # a copy
+
+
+def test_an_xlstm_trace_holds_its_memory_once(monkeypatch):
+    """hf-xlstm's trace: s is the one buffer its replay wrote C̄ and n̄ into (no copy)."""
+    from gatelens.families import hf_xlstm
+
+    model, path, reads = whole_model("hf-xlstm")
+    module = model.get_submodule(path)
+    with torch.no_grad():
+        x = reads(torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3)))
+    seen = []
+    real = hf_xlstm.joined
+    monkeypatch.setattr(hf_xlstm, "joined", lambda parts: seen.append(parts) or real(parts))
+    s = gatelens.trace(module, x)["layer0.s"]
+    assert seen and any(s.data_ptr() == parts[0].data_ptr() for parts in seen)

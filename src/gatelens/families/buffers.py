@@ -29,7 +29,7 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["HUGE_BYTES", "HUGE_PAGE", "state_empty"]
+__all__ = ["HUGE_BYTES", "HUGE_PAGE", "joined", "state_empty"]
 
 #: buffers of this many bytes or more are mapped with huge pages (glibc's largest mmap
 #: threshold: below it, glibc may recycle memory already touched)
@@ -59,3 +59,33 @@ def state_empty(shape: tuple[int, ...], dtype: torch.dtype,
     raw = torch.frombuffer(mapped, dtype=torch.uint8)  # holds the mapping while it lives
     start = -raw.data_ptr() % HUGE_PAGE
     return raw[start : start + nbytes].view(dtype).view(shape)
+
+
+def joined(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts, dim=-1)``, or, where the parts already lie side by side along the
+    last dimension of one buffer (as a replay that writes a state's parts into one
+    ``state_empty`` leaves them), the view of that buffer they span: the same values,
+    nothing copied (the view shares the parts' memory).
+
+    >>> both = torch.arange(12.0).view(2, 6)
+    >>> j = joined([both[:, :4], both[:, 4:]])
+    >>> torch.equal(j, both), j.data_ptr() == both.data_ptr()
+    (True, True)
+    >>> torch.equal(joined([both[:, 4:], both[:, :4]]), torch.cat([both[:, 4:], both[:, :4]], -1))
+    True
+    """
+    first = parts[0]
+    lead, strides = first.shape[:-1], first.stride()[:-1]
+    storage = first.untyped_storage().data_ptr()
+    end = first.storage_offset()
+    for p in parts:
+        if p.dtype != first.dtype or p.device != first.device or p.shape[:-1] != lead or \
+                p.stride()[:-1] != strides or p.stride(-1) != 1 or \
+                p.untyped_storage().data_ptr() != storage or p.storage_offset() != end:
+            return torch.cat(parts, dim=-1)
+        end += p.shape[-1]
+    width = end - first.storage_offset()
+    rows = [st for st, n in zip(strides, lead, strict=True) if n > 1]
+    if len(parts) < 2 or not width or any(st < width for st in rows):
+        return torch.cat(parts, dim=-1)  # one part, nothing, or rows that would overlap
+    return first.as_strided((*lead, width), (*strides, 1), first.storage_offset())

@@ -57,9 +57,10 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, LayerDiff, Reference
+from gatelens.families.buffers import joined
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
-from gatelens.families.records import worst_of
+from gatelens.families.records import DIFF_BYTES, worst_of
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
 from gatelens.families.xlstm_scan import XLSTMForward
@@ -125,8 +126,15 @@ def head_scaled_diff(got: Tensor, ref: Tensor, units: Tensor,
     0.0001
     """
     diff = (got.double() - ref.double()).abs()
-    # |·| and max are exact in any dtype: reduced first, converted after (the same numbers)
-    top = (ref if over is None else over).abs().amax(dim=1).double()  # (B, S)
+    # |·| and max are exact in any dtype: reduced first, converted after (the same numbers),
+    # a block of steps at a time (no |·| of a whole window's states at once)
+    window = ref if over is None else over
+    rows = max(1, DIFF_BYTES // max(1, window[:, :1].numel() * window.element_size()))
+    top = None
+    for block in window.split(rows, dim=1):
+        most = block.abs().amax(dim=1)
+        top = most if top is None else torch.maximum(top, most, out=top)
+    top = top.double()  # (B, S)
     idx = units.to(top.device).expand_as(top)
     per_unit = top.new_zeros(top.shape[0], int(units.max()) + 1).scatter_reduce(
         1, idx, top, reduce="amax")
@@ -217,7 +225,7 @@ class HFXLSTMFamily(XLSTMForward, StepEdits, OfficialFamily):
                 torch.zeros(batch, NH * dqk, dtype=torch.float64)]
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
-        return torch.cat(parts, dim=-1)  # (N, NH·(d_qk·d_v + d_qk)): C̄ then n̄
+        return joined(parts)  # (N, NH·(d_qk·d_v + d_qk)): C̄ then n̄
 
     # ---- a call ------------------------------------------------------------------
     def split_call(self, args: tuple, kwargs: dict):

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gatelens.families.buffers import joined
 from gatelens.families.delta_edit import no_edit
 from gatelens.families.official import buffer_units
 from gatelens.families.recipe import Recipe
@@ -205,4 +206,4 @@ class XLSTMMLSTMFamily(XLSTMStack):
         return [parts[0].to(dtype), *(p.double() for p in parts[1:])]
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
-        return torch.cat([parts[1], parts[2]], dim=-1)  # (R, NH·(d² + d)): C̄ then n̄
+        return joined(parts[1:])  # (R, NH·(d² + d)): C̄ then n̄

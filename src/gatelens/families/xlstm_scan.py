@@ -90,9 +90,13 @@ class XLSTMForward:
         # in float64 (a stabiliser past 60 would leave float32's range with C's own size)
         wide = output.dtype if float(m.abs().amax()) <= RAW_M_MAX else torch.float64
         scale = torch.exp(m.to(wide))  # (B, T, NH)
-        parts = [torch.mul(x.to(wide), scale[(...,) + (None,) * (x.ndim - 3)],
-                           out=state_empty(x.shape, wide, x.device)).reshape(B, T, -1)
-                 for x in (C, n)]
+        # C̄ then n̄ side by side in one buffer: the trace's s is its view (``joined``)
+        widths = (C[0, 0].numel(), n[0, 0].numel())
+        both = state_empty((B, T, sum(widths)), wide, C.device)
+        parts = list(both.split(widths, dim=-1))
+        for x, part in zip((C, n), parts, strict=True):
+            torch.mul(x.to(wide), scale[(...,) + (None,) * (x.ndim - 3)],
+                      out=part.view(x.shape))
         i, f = (g.transpose(1, 2) for g in qkvif[3:])  # (B, T, NH)
         own = {"i": torch.exp(i - m), "f": torch.sigmoid(f), "m": m,
                "o": rec.stacked("o", outputs=True),

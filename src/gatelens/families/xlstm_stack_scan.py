@@ -112,9 +112,13 @@ class XLSTMStackForward:
         layer = self.module.blocks[k].xlstm
         B, T = M.shape[:2]
         scale = torch.exp(M.double())  # (B, T, NH): the raw scale, as _step_state reads it
+        # C̄ then n̄ side by side in one buffer: the trace's s is its view (``joined``)
+        widths = (C[0, 0].numel(), N[0, 0].numel())
+        raw = list(state_empty((B, T, sum(widths)), torch.float64, C.device).split(widths, -1))
+        torch.mul(C.double(), scale[..., None, None], out=raw[0].view(C.shape))
+        torch.mul(N.double(), scale[..., None], out=raw[1].view(N.shape))
         parts = [conv_buffer(rec.stacked(f"conv{k}"), int(layer.config.conv1d_kernel_size))
-                 .double(), (C.double() * scale[..., None, None]).reshape(B, T, -1),
-                 (N.double() * scale[..., None]).reshape(B, T, -1)]
+                 .double(), *raw]
         own_h = layer.mlstm_cell.outnorm(h).transpose(1, 2).reshape(B, T, -1)
         mine = {"i": torch.exp(i - M), "f": torch.sigmoid(f), "h": own_h}
         mine["kappa"] = mine["f"]  # a mixed stack's keep letter
