@@ -101,4 +101,6 @@ def test_carry_forward_and_this_position_only(kind):
     here = lens.run(ids, edits=[gatelens.Scale("rnn.layer0.h", 3.0, at=t0, carry=False)]).output
     assert diff(carried[:, t0 + 1:], own[:, t0 + 1:]) > 1e-3
     assert diff(here[:, t0], own[:, t0]) > 1e-3 and torch.equal(here[:, t0], carried[:, t0])
-    assert torch.equal(here[:, t0 + 1:], own[:, t0 + 1:])  # the module's own steps on
+    # the module's own steps on (a window rerun from a state: bit for bit where the CPU's
+    # kernels are the same for both lengths, within float32 rounding everywhere)
+    assert diff(here[:, t0 + 1:], own[:, t0 + 1:]) <= 1e-6

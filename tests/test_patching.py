@@ -183,7 +183,8 @@ def test_texts_with_a_vocabulary() -> None:
     res = gatelens.patch_sweep(lens, "abcdefgab", "abcgefgab", positions=[2, 3, 8],
                                metric="kl", attribution=False)
     assert res.batch == 1 and res.length == 9
-    assert abs(res.effect[0, 0]) <= 1e-6 and abs(res.effect[0, 1] - 1) <= 1e-5
+    # before the corruption nothing moves: 0 up to float32 rounding (CPUs differ in it)
+    assert abs(res.effect[0, 0]) <= 2e-5 and abs(res.effect[0, 1] - 1) <= 2e-5
 
 
 BAD = [
