@@ -81,7 +81,7 @@ assert check.passed  # the read-out is PyTorch's own computation, step by step
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 2.5))
-ax.imshow(tr["layer1.f"][0].T, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+ax.imshow(tr["layer1.f"][0].T.numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1)
 ax.set(xlabel="character", ylabel="unit", title="forget gate f of layer 1, window 0")
 ax.set_xticks(range(0, 64, 4), list(TEXT[:64:4]))
 fig.tight_layout()
