@@ -60,7 +60,7 @@ from gatelens.families.base import Call, LayerDiff, Reference
 from gatelens.families.buffers import joined
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
-from gatelens.families.records import DIFF_BYTES, worst_of
+from gatelens.families.records import largest_abs, worst_of
 from gatelens.families.spec import SIGMOID, CellSpec
 from gatelens.families.xlstm_mlstm import XLSTM_MLSTM
 from gatelens.families.xlstm_scan import XLSTMForward
@@ -126,15 +126,8 @@ def head_scaled_diff(got: Tensor, ref: Tensor, units: Tensor,
     0.0001
     """
     diff = (got.double() - ref.double()).abs()
-    # |·| and max are exact in any dtype: reduced first, converted after (the same numbers),
-    # a block of steps at a time (no |·| of a whole window's states at once)
-    window = ref if over is None else over
-    rows = max(1, DIFF_BYTES // max(1, window[:, :1].numel() * window.element_size()))
-    top = None
-    for block in window.split(rows, dim=1):
-        most = block.abs().amax(dim=1)
-        top = most if top is None else torch.maximum(top, most, out=top)
-    top = top.double()  # (B, S)
+    # |·| and max are exact in any dtype: reduced first, converted after (the same numbers)
+    top = largest_abs(ref if over is None else over).double()  # (B, S)
     idx = units.to(top.device).expand_as(top)
     per_unit = top.new_zeros(top.shape[0], int(units.max()) + 1).scatter_reduce(
         1, idx, top, reduce="amax")

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AsDtypes", "Recorder", "buffer_units", "conv_buffer", "nan_max", "scaled_diff",
-           "window_diff", "worst_of", "worst_of_windows"]
+__all__ = ["AsDtypes", "Recorder", "buffer_units", "conv_buffer", "largest_abs", "nan_max",
+           "scaled_diff", "window_diff", "worst_of", "worst_of_windows"]
 
 
 #: the most bytes of one (B, T, ·) block of units ``scaled_diff`` works on at once: a layer
@@ -26,6 +26,16 @@ __all__ = ["AsDtypes", "Recorder", "buffer_units", "conv_buffer", "nan_max", "sc
 #: so fresh pages are touched once a call (a new 16 MB block each time took 2.5× as long:
 #: 24 ms against 8–10 for a Mamba layer's (2, 128, 24,576) states, float64 against float32)
 DIFF_BYTES = 4 * 2**20
+
+
+def largest_abs(x: Tensor) -> Tensor:
+    """Each unit's largest |x| over the window's positions, (B, T, ·) -> (B, ·), with no |x|
+    copy of the window: max |x| = max(max x, −min x), exactly (a NaN stays NaN).
+
+    >>> largest_abs(torch.tensor([[[1.0, -3.0], [-2.0, 0.5]]])).tolist()
+    [[2.0, 3.0]]
+    """
+    return torch.maximum(x.amax(dim=1), x.amin(dim=1).neg())
 
 
 def scaled_diff(got: Tensor, ref: Tensor) -> tuple[float, float]:
@@ -68,8 +78,7 @@ def window_diff(got: Tensor, ref: Tensor) -> tuple[Tensor, Tensor]:
         # (subtracted in ``dtype`` as it is read: no converted copy of either); dividing by
         # a positive number keeps the order, so the largest scaled difference is the largest
         # difference divided by its unit's scale, bit for bit, with no pass over every step
-        scale = torch.maximum(r.amax(dim=1, keepdim=True), r.amin(dim=1, keepdim=True).neg())
-        scale = scale.to(dtype).clamp_(min=1.0)  # (B, 1, ·)
+        scale = largest_abs(r)[:, None].to(dtype).clamp_(min=1.0)  # (B, 1, ·)
         if g.dtype != dtype and r.dtype != dtype:  # both narrower (half): one widened
             g = g.to(dtype)
         diff = torch.sub(g, r, out=buf[..., : r.shape[-1]])

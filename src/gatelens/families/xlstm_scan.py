@@ -43,7 +43,8 @@ from gatelens.families.delta_scan import package_function, torch_path
 from gatelens.families.forward_scan import linear_scan
 from gatelens.families.official import Recorder, scaled_diff
 
-__all__ = ["STEP_KINDS", "XLSTMForward", "mlstm_replay", "scan_kind", "scanned"]
+__all__ = ["STEP_KINDS", "XLSTMForward", "mlstm_replay", "raw_memory", "scan_kind",
+           "scanned"]
 
 
 class XLSTMForward:
@@ -89,14 +90,7 @@ class XLSTMForward:
         # soft cap keeps |m| ≤ 15; C̄ is then one rounding from the float64 product), else
         # in float64 (a stabiliser past 60 would leave float32's range with C's own size)
         wide = output.dtype if float(m.abs().amax()) <= RAW_M_MAX else torch.float64
-        scale = torch.exp(m.to(wide))  # (B, T, NH)
-        # C̄ then n̄ side by side in one buffer: the trace's s is its view (``joined``)
-        widths = (C[0, 0].numel(), n[0, 0].numel())
-        both = state_empty((B, T, sum(widths)), wide, C.device)
-        parts = list(both.split(widths, dim=-1))
-        for x, part in zip((C, n), parts, strict=True):
-            torch.mul(x.to(wide), scale[(...,) + (None,) * (x.ndim - 3)],
-                      out=part.view(x.shape))
+        parts = raw_memory(C, n, torch.exp(m.to(wide)), wide)
         i, f = (g.transpose(1, 2) for g in qkvif[3:])  # (B, T, NH)
         own = {"i": torch.exp(i - m), "f": torch.sigmoid(f), "m": m,
                "o": rec.stacked("o", outputs=True),
@@ -127,6 +121,18 @@ class XLSTMForward:
         B, T = q.shape[:2]
         q, k, v = (x.reshape(B, T, NH, -1).transpose(1, 2) for x in (q, k, v))
         return q, k, v, i.transpose(1, 2), f.transpose(1, 2)
+
+
+def raw_memory(C: Tensor, n: Tensor, scale: Tensor, dtype: torch.dtype) -> list[Tensor]:
+    """The raw-scale memory C̄ = e^m C and normaliser n̄ = e^m n in ``dtype``, (B, T, ·) each,
+    written side by side into one buffer (the trace's s is its view, ``buffers.joined``):
+    C (B, T, NH, d_qk, d_v), n (B, T, NH, d_qk), ``scale`` e^m (B, T, NH)."""
+    B, T = C.shape[:2]
+    widths = (C[0, 0].numel(), n[0, 0].numel())
+    parts = list(state_empty((B, T, sum(widths)), dtype, C.device).split(widths, dim=-1))
+    torch.mul(C.to(dtype), scale[..., None, None], out=parts[0].view(C.shape))
+    torch.mul(n.to(dtype), scale[..., None], out=parts[1].view(n.shape))
+    return parts
 
 
 #: the largest |m| (the mLSTM's stabiliser) whose raw-scale states e^m C, e^m n are formed in

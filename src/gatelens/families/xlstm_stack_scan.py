@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from gatelens.families.buffers import state_empty
 from gatelens.families.records import Recorder, conv_buffer, scaled_diff, worst_of
-from gatelens.families.xlstm_scan import scan_kind, scanned
+from gatelens.families.xlstm_scan import raw_memory, scan_kind, scanned
 
 __all__ = ["XLSTMStackForward"]
 
@@ -111,12 +111,8 @@ class XLSTMStackForward:
         """``_mlstm_states``'s figures of block k from its replayed h, C, n, m."""
         layer = self.module.blocks[k].xlstm
         B, T = M.shape[:2]
-        scale = torch.exp(M.double())  # (B, T, NH): the raw scale, as _step_state reads it
-        # C̄ then n̄ side by side in one buffer: the trace's s is its view (``joined``)
-        widths = (C[0, 0].numel(), N[0, 0].numel())
-        raw = list(state_empty((B, T, sum(widths)), torch.float64, C.device).split(widths, -1))
-        torch.mul(C.double(), scale[..., None, None], out=raw[0].view(C.shape))
-        torch.mul(N.double(), scale[..., None], out=raw[1].view(N.shape))
+        # the raw scale e^m, as _step_state reads it, in float64
+        raw = raw_memory(C, N, torch.exp(M.double()), torch.float64)
         parts = [conv_buffer(rec.stacked(f"conv{k}"), int(layer.config.conv1d_kernel_size))
                  .double(), *raw]
         own_h = layer.mlstm_cell.outnorm(h).transpose(1, 2).reshape(B, T, -1)
