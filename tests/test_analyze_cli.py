@@ -122,6 +122,11 @@ def test_text_file(runs, tmp_path):
     (["--perturb-pos", "39"], "--perturb-pos 39 leaves no lag"),
     (["--perturb-pos", "-1"], "--perturb-pos -1 leaves no lag"),
     (["--windows", "1000"], "too short for 1000 windows"),
+    (["--perturb-pos", "40"], "leaves no lag in windows of 40 characters (0..38)"),
+    # a flag of another source is refused, not left unread
+    (["--hidden", "7"], "analyze: --hidden applies to --weights FILE, not to a run directory"),
+    (["--modules", "0"], "analyze: --modules applies to --model DIR, not to a run directory"),
+    (["--trust-remote-code"], "--trust-remote-code applies to --model DIR"),
 ])
 def test_bad_input_exit_2(runs, tmp_path, capsys, argv_tail, message):
     code = run_cli([str(runs["lstm"]), "--length", "40", "--out", str(tmp_path), "--quiet",

@@ -289,6 +289,15 @@ def test_text_needs_the_tokenizer_and_enough_tokens(ckpt, tmp_path, text, capsys
                             "--length", str(n), "--out", tmp_path / "o2"])
     assert f"{text}: {n} tokens, too few for 2 windows of {n} tokens" in msg
     assert "--text" in one_line(capsys, ["analyze", "--model", d, "--out", tmp_path / "o3"])
+    # the unit is tokens, in the errors too; a flag of another source is refused
+    base = ["analyze", "--model", d, "--text", text, "--length", "16", "--out", tmp_path / "o4"]
+    assert one_line(capsys, [*base, "--perturb-pos", "15"]).endswith(
+        "--perturb-pos 15 leaves no lag in windows of 16 tokens (0..14)")
+    assert one_line(capsys, [*base, "--checkpoint", "final"]).endswith(
+        "analyze: --checkpoint applies to a run directory, not to --model DIR; leave it out")
+    assert "--vocab applies to --weights FILE" in one_line(capsys, [*base, "--vocab", "v.json"])
+    assert one_line(capsys, [*base, "--perturb-pos", "4", "--modules", "3"]).endswith(
+        "--modules: 3 is not one of the 1 recurrent modules (0..0, or -1..-1)")
     assert "--out DIR" in one_line(capsys, ["analyze", "--model", d, "--text", text])
     for both in (["run", "--model", d], ["--weights", "w.pt", "--model", d], []):
         assert "one of them" in one_line(capsys, ["analyze", *both])

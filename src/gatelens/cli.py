@@ -220,17 +220,18 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or give "
                    "--weights, --vocab and --text for a model gatelens did not train")
-    p.add_argument("--checkpoint", default="best", help="best (default), final, or a step number")
+    p.add_argument("--checkpoint", default=None,
+                   help="best (default), final, or a step number")
     p.add_argument("--text", default=None, metavar="FILE",
-                   help="analyse the first WINDOWS x LENGTH characters of FILE "
-                        "(default: windows evenly spaced over the validation split)")
+                   help="analyse the first WINDOWS x LENGTH characters of FILE (tokens with "
+                        "--model; default: windows evenly spaced over the validation split)")
     p.add_argument("--windows", type=windows_count, default=DEFAULTS.windows,
                    help="B, windows (default 32); all: every whole window of the validation "
                         "split (or of --text), in chunks with a progress bar")
     p.add_argument("--length", type=positive_int, default=DEFAULTS.length,
-                   help="T, characters per window (default 128)")
+                   help="T, characters per window (tokens with --model; default 128)")
     p.add_argument("--perturb-pos", type=int, default=DEFAULTS.perturb_pos, dest="perturb_pos",
-                   help="position p of the changed character (default 32)")
+                   help="position p of the changed character (token with --model; default 32)")
     p.add_argument("--exponents", type=exponents_count, default=DEFAULTS.exponents,
                    help="Lyapunov exponents: auto (default: 64, capped above 4,096 state "
                         "dimensions by the cost rule), the N largest, all, or 0 for none")
@@ -253,6 +254,7 @@ def _cmd_analyze(args) -> int:
         raise GatelensError("analyze: give a run directory, or --weights FILE (with --vocab "
                             "and --text) or --model DIR (with --text) for a model gatelens "
                             "did not train; one of them")
+    _check_source_flags(args)
     if args.out is not None:  # before the work, not after it
         check_out_dir(args.out)
     elif args.run is not None and Path(args.run).is_dir():
@@ -265,7 +267,7 @@ def _cmd_analyze(args) -> int:
 
         a = analyze_hf_from_args(args)
     elif args.run is not None:
-        a = analyze(args.run, settings, checkpoint=args.checkpoint, text=args.text,
+        a = analyze(args.run, settings, checkpoint=args.checkpoint or "best", text=args.text,
                     out=args.out, progress=not args.quiet)
     else:
         from gatelens.lens.foreign import foreign_from_args
@@ -282,6 +284,31 @@ def _cmd_analyze(args) -> int:
     if not v.passed:  # the report is still written
         raise CheckFailed(f"verification: one-step error {v.max_abs_diff_h:.3g} > {v.tol:g}")
     return 0
+
+
+#: the flags of ``gatelens analyze`` that belong to one source of a model (the attribute and
+#: the flag), so that one given with another source is refused instead of left unread
+SOURCE_FLAGS = {
+    "run": [("checkpoint", "--checkpoint")],
+    "weights": [(a, "--" + a.replace("_", "-")) for a in (
+        "vocab", "cell", "prefix", "hidden", "layers", "embed_tensor", "head", "nonlinearity",
+        "recurrent_activation")],
+    "model": [("modules", "--modules"), ("trust_remote_code", "--trust-remote-code")],
+}
+SOURCE_WORDS = {"run": "a run directory", "weights": "--weights FILE", "model": "--model DIR"}
+
+
+def _check_source_flags(args: argparse.Namespace) -> None:
+    """One line for a flag of another source than the one given (``--checkpoint`` with
+    ``--model DIR``, ``--hidden`` with a run directory): it would be left unread."""
+    given = "run" if args.run is not None else "weights" if args.weights is not None else "model"
+    for source, flags in SOURCE_FLAGS.items():
+        if source == given:
+            continue
+        for attr, flag in flags:
+            if getattr(args, attr, None) not in (None, False):
+                raise GatelensError(f"analyze: {flag} applies to {SOURCE_WORDS[source]}, not "
+                                    f"to {SOURCE_WORDS[given]}; leave it out")
 
 
 def _add_reproduce(sub) -> None:

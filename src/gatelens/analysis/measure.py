@@ -129,7 +129,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
     for stage in STAGES:
         clock.setdefault(stage, 0.0)
     B, T = ids.shape
-    check_perturb_pos(s.perturb_pos, T)
+    check_perturb_pos(s.perturb_pos, T, unit)
     if len(chars) < 2:
         raise GatelensError(f"a vocabulary of {len(chars)} character cannot be perturbed")
     seed = s.seed_or(0)

@@ -94,17 +94,22 @@ class AnalysisSettings:
         return asdict(self)
 
 
-def check_perturb_pos(position: int, length: int) -> None:
-    """A perturbation position must leave at least lag 1 inside the window.
+def check_perturb_pos(position: int, length: int, unit: str = "characters") -> None:
+    """A perturbation position must leave at least lag 1 inside the window; ``unit``: what a
+    position is (characters, tokens, bytes: ``Lens.unit``).
 
-    >>> check_perturb_pos(127, 128)
+    >>> check_perturb_pos(9, 10)
     Traceback (most recent call last):
     ...
-    gatelens.errors.GatelensError: --perturb-pos 127 leaves no lag in 128-character windows (0..126)
+    gatelens.errors.GatelensError: --perturb-pos 9 leaves no lag in windows of 10 characters (0..8)
+    >>> check_perturb_pos(16, 16, "tokens")
+    Traceback (most recent call last):
+    ...
+    gatelens.errors.GatelensError: --perturb-pos 16 leaves no lag in windows of 16 tokens (0..14)
     """
     if position < 0 or position + 1 >= length:
-        raise GatelensError(f"--perturb-pos {position} leaves no lag in {length}-character "
-                            f"windows (0..{length - 2})")
+        raise GatelensError(f"--perturb-pos {position} leaves no lag in windows of {length} "
+                            f"{unit} (0..{length - 2})")
 
 
 def _count(name: str, value: object, *, minimum: int = 1, allow_all: bool = False) -> None:

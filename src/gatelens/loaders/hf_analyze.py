@@ -86,7 +86,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike,
     from gatelens.lens.lens import Lens
     from gatelens.report.write import write_analysis
 
-    check_perturb_pos(perturb_pos, length)
+    check_perturb_pos(perturb_pos, length, "tokens")
     hf = model if isinstance(model, HFModel) else load_hf(model,
                                                           trust_remote_code=trust_remote_code)
     every = hf.encode(read_utf8(text))  # (N,)
@@ -114,8 +114,13 @@ def analyze_hf_from_args(args: argparse.Namespace) -> Analysis:
     if args.text is None or args.out is None:
         raise GatelensError(f"{args.model}: --model needs --text FILE (the text to read, as "
                             "its tokens) and --out DIR")
-    return analyze_hf(args.model, text=args.text, windows=args.windows, length=args.length,
-                      perturb_pos=args.perturb_pos, out=args.out, progress=not args.quiet,
-                      exponents=args.exponents, fixed_points=args.fixed_points,
-                      trust_remote_code=args.trust_remote_code,
-                      layers=getattr(args, "modules", None))
+    try:
+        return analyze_hf(args.model, text=args.text, windows=args.windows, length=args.length,
+                          perturb_pos=args.perturb_pos, out=args.out, progress=not args.quiet,
+                          exponents=args.exponents, fixed_points=args.fixed_points,
+                          trust_remote_code=args.trust_remote_code,
+                          layers=getattr(args, "modules", None))
+    except GatelensError as e:  # select_paths names the Python argument: here it is a flag
+        if str(e).startswith("layers: "):
+            raise GatelensError("--modules: " + str(e)[len("layers: "):]) from None
+        raise
