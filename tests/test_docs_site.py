@@ -118,6 +118,18 @@ def test_cli_page_is_every_commands_help(site: Path) -> None:
     assert "--windows" in cli and "--preset" in cli  # options, not just the command list
 
 
+def test_the_cli_summary_names_every_command_and_preset() -> None:
+    """docs/cli.md's hand-written summary (above the generated help) keeps up with the
+    parser: every command and every study preset."""
+    from gatelens.studies.spec import PRESETS
+
+    summary = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split(
+        "<!-- gatelens:cli -->")[0]
+    missing = [n for n in COMMANDS if not re.search(rf"^ *gatelens {n}\b", summary, re.M)]
+    assert not missing, missing
+    assert [p for p in PRESETS if p not in summary] == []
+
+
 def test_families_table_is_the_registry(site: Path) -> None:
     page = _text(site, "opening-models")
     for name in gatelens.families():
