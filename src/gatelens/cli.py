@@ -13,7 +13,6 @@ from gatelens.errors import (
     GatelensError,
     exponents_count,
     finite_float,
-    nonnegative_float,
     one_line,
     os_reason,
     positive_float,
@@ -22,8 +21,8 @@ from gatelens.errors import (
     windows_count,
 )
 from gatelens.families.registry import recipes
-from gatelens.families.spec import layer_name
 from gatelens.interventions.patch_cli import add_patch, cmd_patch
+from gatelens.readout.verify_cli import add_verify, cmd_verify
 from gatelens.stops import Stopped, exit_code, signal_name, signals_raise
 from gatelens.studies.seed_compare import CELLS as SEED_COMPARE_CELLS
 from gatelens.training.config import BIAS_INITS, OPTIMIZER_NAMES, TrainConfig
@@ -141,44 +140,6 @@ def _cmd_sample(args) -> int:
     for piece in sample_chunks(run, args.length, args.temperature, args.prime, args.seed):
         print(piece, end="", flush=True)  # as it comes: any --length in constant memory
     print()
-    return 0
-
-
-def _add_verify(sub) -> None:
-    p = sub.add_parser("verify", help="check the gate read-out against PyTorch's own output")
-    p.add_argument("run")
-    p.add_argument("--checkpoint", default="best", help="best, final or a step number")
-    p.add_argument("--text", help="UTF-8 file: its first windows instead of validation text")
-    p.add_argument("--windows", type=positive_int, default=DEFAULTS.windows)
-    p.add_argument("--length", type=positive_int, default=DEFAULTS.length)
-    p.add_argument("--tol", type=nonnegative_float, default=None,
-                   help="largest difference that passes, finite, 0 or above (default: the "
-                        "weights' dtype's, 1e-5 for float32)")
-
-
-def _cmd_verify(args) -> int:
-    from gatelens.lens.run import load_run
-    from gatelens.readout.verify import verify
-
-    run = load_run(args.run, args.checkpoint)
-    ids, source = run.windows(args.windows, args.length, args.text)  # (B, T)
-    res = verify(run.model.rnn, run.model.encode(ids), tol=args.tol)
-    print(f"{args.run} (step {run.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
-          f"of {source}:")
-    kind = "one-step" if res.one_step_max_abs_diff_h is not None else "free-running"
-    for d, free in zip(res.layers, res.free_running_layers, strict=True):
-        name = layer_name(d.layer, d.reverse)
-        c = "" if d.max_abs_diff_c is None else (
-            f"  max |c_hand - c_torch| {d.max_abs_diff_c:.3g}"
-            f" (/max(1,|c|): {d.max_scaled_diff_c:.3g})")
-        if d.max_scaled_diff_h is not None:  # modern cells: h and y unbounded
-            c += f" (h and y scaled by the unit's largest |value|: {d.max_scaled_diff_h:.3g})"
-        print(f"  {name}: {kind} max |h_hand - h_torch| {d.max_abs_diff_h:.3g}{c}; "
-              f"free-running {free.max_abs_diff_h:.3g}")
-    print(res.explain())
-    if not res.passed:
-        raise CheckFailed(f"read-out differs from PyTorch by more than {res.tol:g}")
-    print(f"passed (tolerance {res.tol:g})")
     return 0
 
 
@@ -380,7 +341,7 @@ def _cmd_study(args) -> int:
 
 
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
-            "verify": (_add_verify, _cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
+            "verify": (add_verify, cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
             "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce),
             "study": (_add_study, _cmd_study), "patch": (add_patch, cmd_patch)}
 

@@ -4,10 +4,10 @@ measured through ``Lens`` on token windows of a text, written as ``analyze`` wri
 The text is tokenised once by the directory's tokenizer; the windows are its first
 WINDOWS consecutive LENGTH-token slices, fed to the whole model as ids, and the recurrent
 module inside it is measured (``Lens.measure``). The vocabulary handed to the measurements
-is each id's decoded text. The figures are in positions of the model's input, here tokens;
-the report's words (its "characters") and the perturbation's draw from the whole
-vocabulary are the character-level ones until ``Lens`` takes a tokenizer (a note in
-report.md says so).
+is each id's decoded text. The figures are in positions of the model's input, here tokens:
+``Lens`` takes the directory's tokenizer, so the report speaks of tokens and the
+perturbation draws its replacement from the tokens that occur in the windows
+(lens/tokens.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,116 @@
+"""``gatelens verify --model DIR``: every recurrent module of a local Hugging Face checkpoint
+verified on token windows, without an analysis (loaders/hf_verify.py).
+
+The checkpoint is a small random Qwen3-Next hybrid (two Gated DeltaNet layers around a
+full-attention one) saved with ``save_pretrained`` beside a tokenizer trained in the test;
+nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from gatelens.cli import main
+from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily
+from gatelens.loaders.hf_verify import verify_modules
+from gatelens.readout.verify import verify
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers (importlib mode)
+from cli_helpers import one_line  # noqa: E402
+from test_hf_dir import TEXT, trained_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PATHS = ["model.layers.0.linear_attn", "model.layers.2.linear_attn"]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory) -> tuple[Path, Path]:
+    """(the checkpoint directory, a text file)."""
+    d = tmp_path_factory.mktemp("hf") / "qwen3next"
+    tok = trained_tokenizer()
+    torch.manual_seed(0)
+    model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, num_experts=0,
+        layer_types=["linear_attention", "full_attention", "linear_attention"]))
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    text = d.parent / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    return d, text
+
+
+def test_every_recurrent_module_is_verified_on_token_windows(hybrid, capsys):
+    d, text = hybrid
+    assert main(["verify", "--model", str(d), "--text", str(text), "--length", "16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{d}, 2 windows x 16 tokens of {text}:")
+    for path in PATHS:
+        assert f"  {path} (hf-gated-deltanet):\n    layer0: one-step" in out
+    assert out.count("(passed)") == 2 and out.rstrip().endswith("passed (tolerance 1e-05)")
+    # --modules picks some of them
+    assert main(["verify", "--model", str(d), "--text", str(text), "--length", "16",
+                 "--modules", "-1"]) == 0
+    out = capsys.readouterr().out
+    assert PATHS[1] in out and PATHS[0] not in out
+
+
+def test_the_figures_are_verify_s_on_what_each_module_received():
+    """transformers' MambaModel reads the ids themselves: ``verify`` of the backbone on the
+    ids is the same verdict, figure for figure."""
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=12, hidden_size=8, num_hidden_layers=2, state_size=4, use_cache=False))
+    ids = torch.randint(0, 12, (2, 9), generator=torch.Generator().manual_seed(1))
+    (path, res), = verify_modules(model, ids)
+    alone = verify(model.backbone, ids)
+    assert path == "backbone" and res.passed and len(res.layers) == 2
+    assert res.to_dict() == alone.to_dict()
+
+
+def test_a_wrong_read_out_in_one_module_exits_1_naming_it(hybrid, capsys, monkeypatch):
+    """The output norm's weight off by 10 % in the hand cell of the second Gated DeltaNet
+    layer only: that module fails, the first still passes, and the exit code is 1. (This
+    small random model's outputs are ~2e-3, and the rule judges them absolutely below 1: a
+    10 % error is 2.2e-4 there.)"""
+    d, text = hybrid
+    real = HFGatedDeltaNetFamily.float64
+
+    def wrong(self):
+        m = real(self)
+        if self.module.layer_idx == 2:
+            with torch.no_grad():
+                m.norm.weight.copy_(self.module.norm.weight.double() * 1.1)
+        return m
+
+    monkeypatch.setattr(HFGatedDeltaNetFamily, "float64", wrong)
+    code = main(["verify", "--model", str(d), "--text", str(text), "--length", "16"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    first, second = out.split(PATHS[1])
+    assert "(passed)" in first and "(FAILED" in second
+    assert err.strip().endswith(f"more than the tolerance in {PATHS[1]}")
+
+
+def test_bad_verify_input_is_one_line(hybrid, tmp_path, capsys):
+    d, text = hybrid
+    base = ["verify", "--model", d, "--text", text, "--length", "16"]
+    assert one_line(capsys, [*base, "--modules", "7"]).endswith(
+        "--modules: 7 is not one of the 2 recurrent modules (0..1, or -2..-1)")
+    assert one_line(capsys, [*base, "--checkpoint", "3"]).endswith(
+        "verify: --checkpoint applies to a run directory, not to --model DIR; leave it out")
+    assert one_line(capsys, ["verify", "--model", d]).endswith(
+        f"{d}: --model needs --text FILE (the text to read, as its tokens)")
+    assert one_line(capsys, [*base, "--windows", "99"]).endswith(
+        "tokens, too few for 99 windows of 16 tokens (needs 1584)")
+    assert "one of them" in one_line(capsys, ["verify"])
+    assert "one of them" in one_line(capsys, ["verify", tmp_path, "--model", d])
+    assert one_line(capsys, ["verify", tmp_path, "--modules", "0"]).endswith(
+        "verify: --modules applies to --model DIR, not to a run directory")
