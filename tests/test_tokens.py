@@ -9,6 +9,7 @@ start marker Ġ) and wrapped as transformers' PreTrainedTokenizerFast: nothing i
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -82,6 +83,9 @@ def test_token_windows_perturbation_and_classes(tok, tmp_path) -> None:
     md = (tmp_path / "a" / "lstm" / "report.md").read_text()
     assert "24 tokens" in md  # the Text: line also says how many characters the text has
     assert "character" not in "\n".join(md.splitlines()[3:]).lower()
+    assert not re.findall(r"\bchars?\b", "\n".join(md.splitlines()[3:]))  # nor "(chars)"
+    index = (tmp_path / "a" / "index.html").read_text()
+    assert "perturbation half-life (tokens)" in index and not re.findall(r"\bchars?\b", index)
     saved = json.loads((tmp_path / "a" / "lstm" / "report.json").read_text())
     words = json.dumps({k: saved[k] for k in ("divergence", "output_reach", "lyapunov",
                                               "context", "verification")})

@@ -11,6 +11,8 @@ import re
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from gatelens.report.words import unit_of
+
 if TYPE_CHECKING:
     from gatelens.lens.lens import LensResult
 
@@ -65,8 +67,15 @@ def index_page(result: LensResult) -> str:
             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;"
             "text-align:left}</style></head><body>"
             f"<h1>{title}</h1><table><tr><th>module</th><th>cell</th><th>hidden</th>"
-            "<th>layers</th><th>verification</th><th>perturbation half-life (chars)</th>"
-            f"<th>notes</th></tr>{''.join(rows)}</table></body></html>")
+            "<th>layers</th><th>verification</th><th>perturbation half-life "
+            f"({escape(_unit(result))})</th><th>notes</th></tr>{''.join(rows)}"
+            "</table></body></html>")
+
+
+def _unit(result: LensResult) -> str:
+    """The unit the analysed model reads (characters, tokens, bytes; the first report's)."""
+    first = next(iter(result.analyses.values()), None)
+    return "characters" if first is None else unit_of(first.report)
 
 
 def type_name(result: LensResult) -> str:

@@ -142,7 +142,7 @@ def _memory(rep: dict) -> list[str]:
     ex = ly["exponents"]
     rows = [[i + 1, v, None if v is None or v >= 0 else math.log(0.5) / v]
             for i, v in enumerate(ex[:8])]
-    out = Table(["exponent", "λ (nats/char)", "half-life (chars)"], rows,
+    out = Table(["exponent", "λ (nats/character)", "half-life (characters)"], rows,
                 f"The {len(ex)} largest of {ly.get('size')} exponents over the whole carried "
                 f"state ({ly.get('windows')} windows; the first 8 shown)").markdown()
     modes = ly.get("slow_modes") or []
@@ -159,7 +159,7 @@ def _context(rep: dict) -> list[str]:
     c = rep.get("context")
     if not c:
         return ["Not measured: the model gives no next-character logits."]
-    return Table(["context d (chars)", "excess loss (nats)"],
+    return Table(["context d (characters)", "excess loss (nats)"],
                  list(zip(c["lengths"], c["excess_loss"], strict=True)),
                  f"Loss with only the last d characters minus the loss with the whole window "
                  f"({c.get('windows')} windows)").markdown() + [
@@ -197,7 +197,7 @@ def _fixed_points(rep: dict) -> list[str]:
     rows = [[h["input"], len(h["points"]), sum(p["stable"] for p in h["points"]),
              max((p["slowest_half_life"] or 0 for p in h["points"] if p["stable"]), default=None)]
             for h in fp["inputs"]]
-    return Table(["held input", "points", "stable", "slowest half-life (chars)"], rows,
+    return Table(["held input", "points", "stable", "slowest half-life (characters)"], rows,
                  "Fixed points of the step with one input held").markdown() + [
         "", f"Reading: {fp.get('description', '')}."]
 
