@@ -31,6 +31,7 @@ from gatelens.families.hf_gated_deltanet import delta_keep
 from gatelens.families.hf_kda import HFKDAFamily, kda_keep
 from gatelens.families.official import scaled_diff
 from gatelens.report.json_report import check_report, schema
+from gatelens.report.markdown import render_markdown
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared tiny models (importlib mode)
 from official_models import spread_decays  # noqa: E402
@@ -294,6 +295,9 @@ def test_analyze_measures_each_layer_and_the_split_is_the_operators():
         assert rep["model"]["family"] == "hf-kda" and rep["model"]["path"] == path
         assert rep["model"]["layer_index"] == int(path.split(".")[2])
         assert "MoE" in rep["model"]["left_alone"] and rep["model"]["heads"] == H
+        # and the pages say so, report.md for each layer and index.html once
+        assert f"\nLeft alone: {rep['model']['left_alone']}.\n" in render_markdown(rep)
+        assert result.index_html.count("<p>Left alone: the model's MLA attention") == 1
         assert rep["verification"]["passed"] is True
         assert rep["units"]["gate"] == "alpha" and rep["units"]["n_units"] == H * DH
         assert all(0 < rep["gates"]["alpha"][q] < 1 for q in ("p5", "p50", "p95"))

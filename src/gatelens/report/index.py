@@ -66,10 +66,19 @@ def index_page(result: LensResult) -> str:
             f"<title>{title}</title><style>body{{font:14px sans-serif;margin:1.5em}}"
             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;"
             "text-align:left}</style></head><body>"
-            f"<h1>{title}</h1><table><tr><th>module</th><th>cell</th><th>hidden</th>"
+            f"<h1>{title}</h1>{_left_alone(result)}<table><tr><th>module</th><th>cell</th>"
+            "<th>hidden</th>"
             "<th>layers</th><th>verification</th><th>perturbation half-life "
             f"({escape(_unit(result))})</th><th>notes</th></tr>{''.join(rows)}"
             "</table></body></html>")
+
+
+def _left_alone(result: LensResult) -> str:
+    """A paragraph naming what in the model is not a recurrence gatelens opened (a hybrid's
+    attention, MLP and MoE layers: report.json ``model.left_alone``), once; else nothing."""
+    said = {a.report["model"].get("left_alone") for a in result.analyses.values()}
+    said = sorted(s for s in said if isinstance(s, str))
+    return "".join(f"<p>Left alone: {escape(s, quote=False)}.</p>" for s in said)
 
 
 def _unit(result: LensResult) -> str:

@@ -222,7 +222,9 @@ def render_markdown(rep: dict, plots: list[str] | None = None) -> str:
     head = [f"# gatelens analysis{where}: {m['cell'].upper()}, {m['hidden']} units × "
             f"{m['layers']} layer(s), step {m['step']}", "",
             f"Text: {t['windows']} windows × {t['length']} {unit} from {t['source']}.",
-            f"Multi-layer rule: {rep.get('pooling', 'layers pooled')}.", "",
+            f"Multi-layer rule: {rep.get('pooling', 'layers pooled')}.",
+            *([f"Left alone: {m['left_alone']}."] if isinstance(m.get("left_alone"), str)
+              else []), "",
             *[f"Note: {n}" for n in m.get("notes") or []], *([""] if m.get("notes") else [])]
     lines = ["## Verification", "", *_verification(rep)]
     lines += ["", "## Gate distributions", "", *_gates(rep), "",
