@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -191,6 +192,17 @@ def test_token_example(monkeypatch, tmp_path):
     assert rep["text"]["windows"] == 8 and Path("mamba_out/backbone/report.json").is_file()
     md = Path("mamba_out/backbone/report.md").read_text(encoding="utf-8")
     assert "tokens" in md and "in characters" not in md
+    # the command lines printed beside it run as printed, on the same directory
+    from gatelens.cli import main
+
+    lines = [ln.strip() for ln in README.read_text(encoding="utf-8").splitlines()
+             if ln.strip().startswith(("gatelens analyze --model my_mamba",
+                                       "gatelens verify --model my_mamba"))]
+    assert len(lines) == 2
+    for line in lines:
+        assert main(shlex.split(line)[1:]) == 0, line
+    cli = json.loads(Path("mamba_cli/report.json").read_text(encoding="utf-8"))
+    assert cli["perturbation"] == rep["perturbation"]  # the same figures as Lens gave
 
 
 def _keras2_hard_sigmoid_h5(path: Path, units: int = 4, features: int = 3) -> None:
