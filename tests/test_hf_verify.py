@@ -113,4 +113,4 @@ def test_bad_verify_input_is_one_line(hybrid, tmp_path, capsys):
     assert "one of them" in one_line(capsys, ["verify"])
     assert "one of them" in one_line(capsys, ["verify", tmp_path, "--model", d])
     assert one_line(capsys, ["verify", tmp_path, "--modules", "0"]).endswith(
-        "verify: --modules applies to --model DIR, not to a run directory")
+        "verify: --modules applies to --model DIR, not to a run directory; leave it out")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import GatelensError
 from gatelens.loaders.hf_dir import HFModel, load_hf, token_windows
-from gatelens.readout.select import Selection, select_paths
+from gatelens.readout.select import Selection, as_flag, select_paths
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
@@ -121,6 +121,4 @@ def analyze_hf_from_args(args: argparse.Namespace) -> Analysis:
                           trust_remote_code=args.trust_remote_code,
                           layers=getattr(args, "modules", None))
     except GatelensError as e:  # select_paths names the Python argument: here it is a flag
-        if str(e).startswith("layers: "):
-            raise GatelensError("--modules: " + str(e)[len("layers: "):]) from None
-        raise
+        raise as_flag(e, "--modules") from None

@@ -23,7 +23,7 @@ from fnmatch import fnmatchcase
 
 from gatelens.errors import GatelensError
 
-__all__ = ["Selection", "keeps_name", "select_paths"]
+__all__ = ["Selection", "as_flag", "keeps_name", "select_paths"]
 
 #: ``layers=``: positions among the opened modules, module paths or shell patterns
 Selection = Iterable[int | str] | int | str | None
@@ -60,6 +60,17 @@ def select_paths(paths: Sequence[str], layers: Selection) -> list[str]:
                                 f"{_listed(paths)}")
         chosen.update(found)
     return [p for p in paths if p in chosen]
+
+
+def as_flag(error: GatelensError, flag: str) -> GatelensError:
+    """``select_paths``'s error as a command line says it: naming ``flag`` instead of the
+    Python argument ``layers`` (any other error as it is).
+
+    >>> str(as_flag(GatelensError("layers: 7 is not one of ..."), "--modules"))
+    '--modules: 7 is not one of ...'
+    """
+    text = str(error)
+    return GatelensError(flag + text[len("layers"):]) if text.startswith("layers: ") else error
 
 
 def keeps_name(key: str, names: Sequence[str] | None) -> bool:

@@ -57,7 +57,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _verify_model(args)
     for attr, flag in (("modules", "--modules"), ("trust_remote_code", "--trust-remote-code")):
         if getattr(args, attr):
-            raise GatelensError(f"verify: {flag} applies to --model DIR, not to a run directory")
+            raise GatelensError(f"verify: {flag} applies to --model DIR, not to a run "
+                                "directory; leave it out")
     run = load_run(args.run, args.checkpoint or "best")
     ids, source = run.windows(args.windows or DEFAULTS.windows, args.length, args.text)
     res = verify(run.model.rnn, run.model.encode(ids), tol=args.tol)
@@ -90,6 +91,7 @@ def _verify_model(args: argparse.Namespace) -> int:
     """``gatelens verify --model DIR``: each recurrent module, one after another; exit 1
     when any fails (every one is still checked and printed)."""
     from gatelens.loaders.hf_verify import verify_hf
+    from gatelens.readout.select import as_flag
 
     if args.checkpoint is not None:
         raise GatelensError("verify: --checkpoint applies to a run directory, not to --model "
@@ -110,9 +112,7 @@ def _verify_model(args: argparse.Namespace) -> int:
             if not res.passed:
                 failed.append(path)
     except GatelensError as e:  # select_paths names the Python argument: here it is a flag
-        if str(e).startswith("layers: "):
-            raise GatelensError("--modules: " + str(e)[len("layers: "):]) from None
-        raise
+        raise as_flag(e, "--modules") from None
     if failed:
         raise CheckFailed(f"read-out differs from the module by more than the tolerance in "
                           f"{', '.join(failed)}")
