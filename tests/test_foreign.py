@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from gatelens.cli import add_analyze_arguments
 from gatelens.errors import GatelensError
+from gatelens.lens.analyze_cli import add_analyze_arguments
 from gatelens.lens.foreign import (
     ForeignModel,
     add_foreign_arguments,

@@ -26,7 +26,6 @@ from gatelens.cli import main
 from gatelens.errors import GatelensError
 from gatelens.lens.lens import Lens
 from gatelens.lens.tokens import piece
-from gatelens.loaders.hf_analyze import only_module
 from gatelens.loaders.hf_dir import load_hf
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared CLI helpers (importlib mode)
@@ -255,22 +254,13 @@ def test_bad_directories_are_one_line_errors(ckpt, tmp_path, capsys):
     assert not marker.exists()
 
 
-def test_a_model_with_no_recurrent_module_and_one_with_two(tmp_path):
+def test_a_model_with_no_recurrent_module_is_one_line(tmp_path):
     torch.manual_seed(0)
     gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=20, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     gpt.save_pretrained(tmp_path / "gpt")
     with pytest.raises(GatelensError, match="GPT2LMHeadModel: nothing in it is a recurrence"):
         load_hf(tmp_path / "gpt")
-    two = nn.Sequential(nn.Embedding(5, 3), nn.LSTM(3, 4, batch_first=True))
-    two.add_module("again", nn.GRU(4, 4, batch_first=True))
-    with pytest.raises(GatelensError, match=r"^ckpt: 2 recurrent modules \('1', 'again'\); "
-                       "--model analyses one: pick it with --modules"):
-        only_module(Lens(two, vocab=5), "ckpt")
-    assert only_module(Lens(two, vocab=5), "ckpt", [-1]) == "again"
-    assert only_module(Lens(two, vocab=5), "ckpt", "ag*") == "again"
-    with pytest.raises(GatelensError, match=r"^layers: 'x' names no recurrent module"):
-        only_module(Lens(two, vocab=5), "ckpt", ["x"])
 
 
 def test_text_needs_the_tokenizer_and_enough_tokens(ckpt, tmp_path, text, capsys):
@@ -288,7 +278,6 @@ def test_text_needs_the_tokenizer_and_enough_tokens(ckpt, tmp_path, text, capsys
     msg = one_line(capsys, ["analyze", "--model", d, "--text", text, "--windows", "2",
                             "--length", str(n), "--out", tmp_path / "o2"])
     assert f"{text}: {n} tokens, too few for 2 windows of {n} tokens" in msg
-    assert "--text" in one_line(capsys, ["analyze", "--model", d, "--out", tmp_path / "o3"])
     # the unit is tokens, in the errors too; a flag of another source is refused
     base = ["analyze", "--model", d, "--text", text, "--length", "16", "--out", tmp_path / "o4"]
     assert one_line(capsys, [*base, "--perturb-pos", "15"]).endswith(
@@ -298,7 +287,6 @@ def test_text_needs_the_tokenizer_and_enough_tokens(ckpt, tmp_path, text, capsys
     assert "--vocab applies to --weights FILE" in one_line(capsys, [*base, "--vocab", "v.json"])
     assert one_line(capsys, [*base, "--perturb-pos", "4", "--modules", "3"]).endswith(
         "--modules: 3 is not one of the 1 recurrent modules (0..0, or -1..-1)")
-    assert "--out DIR" in one_line(capsys, ["analyze", "--model", d, "--text", text])
     for both in (["run", "--model", d], ["--weights", "w.pt", "--model", d], []):
         assert "one of them" in one_line(capsys, ["analyze", *both])
     # no --out and no run directory: one line, not a TypeError (the dispatch reads run first)

@@ -7,21 +7,19 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from gatelens.analysis.settings import DEFAULTS, AnalysisSettings
 from gatelens.errors import (
     CheckFailed,
     GatelensError,
-    exponents_count,
     finite_float,
     one_line,
     os_reason,
     positive_float,
     positive_int,
     seed_int,
-    windows_count,
 )
 from gatelens.families.registry import recipes
 from gatelens.interventions.patch_cli import add_patch, cmd_patch
+from gatelens.lens.analyze_cli import add_analyze, cmd_analyze
 from gatelens.readout.verify_cli import add_verify, cmd_verify
 from gatelens.stops import Stopped, exit_code, signal_name, signals_raise
 from gatelens.studies.seed_compare import CELLS as SEED_COMPARE_CELLS
@@ -168,110 +166,6 @@ def _cmd_report(args) -> int:
     return 0
 
 
-def _add_analyze(sub) -> None:
-    p = sub.add_parser("analyze", help="measure a run (or weights gatelens did not train): "
-                       "report.json, report.md, plots, report.html")
-    add_analyze_arguments(p)
-
-
-def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``gatelens analyze``: a run directory, or --weights/--vocab/--text."""
-    from gatelens.lens.foreign import add_foreign_arguments
-    from gatelens.loaders.hf_analyze import add_hf_arguments
-
-    p.add_argument("run", nargs="?", help="run directory (from gatelens train); or give "
-                   "--weights, --vocab and --text for a model gatelens did not train")
-    p.add_argument("--checkpoint", default=None,
-                   help="best (default), final, or a step number")
-    p.add_argument("--text", default=None, metavar="FILE",
-                   help="analyse the first WINDOWS x LENGTH characters of FILE (tokens with "
-                        "--model; default: windows evenly spaced over the validation split)")
-    p.add_argument("--windows", type=windows_count, default=DEFAULTS.windows,
-                   help="B, windows (default 32); all: every whole window of the validation "
-                        "split (or of --text), in chunks with a progress bar")
-    p.add_argument("--length", type=positive_int, default=DEFAULTS.length,
-                   help="T, characters per window (tokens with --model; default 128)")
-    p.add_argument("--perturb-pos", type=int, default=DEFAULTS.perturb_pos, dest="perturb_pos",
-                   help="position p of the changed character (token with --model; default 32)")
-    p.add_argument("--exponents", type=exponents_count, default=DEFAULTS.exponents,
-                   help="Lyapunov exponents: auto (default: 64, capped above 4,096 state "
-                        "dimensions by the cost rule), the N largest, all, or 0 for none")
-    p.add_argument("--fixed-points", action="store_true", dest="fixed_points",
-                   help="also find the fixed points under held inputs (slow)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory (default RUN/analysis)")
-    p.add_argument("--quiet", action="store_true", help="no progress messages")
-    add_foreign_arguments(p)
-    add_hf_arguments(p)
-
-
-def _cmd_analyze(args) -> int:
-    from pathlib import Path
-
-    from gatelens.io import check_out_dir
-    from gatelens.lens.analyze import analyze, analyze_foreign
-
-    if sum(x is not None for x in (args.run, args.weights, args.model)) != 1:
-        raise GatelensError("analyze: give a run directory, or --weights FILE (with --vocab "
-                            "and --text) or --model DIR (with --text) for a model gatelens "
-                            "did not train; one of them")
-    _check_source_flags(args)
-    if args.out is not None:  # before the work, not after it
-        check_out_dir(args.out)
-    elif args.run is not None and Path(args.run).is_dir():
-        check_out_dir(Path(args.run) / "analysis")
-    settings = AnalysisSettings.build(
-        windows=args.windows, length=args.length, perturb_pos=args.perturb_pos,
-        exponents=args.exponents, fixed_points=args.fixed_points)
-    if args.model is not None:
-        from gatelens.loaders.hf_analyze import analyze_hf_from_args
-
-        a = analyze_hf_from_args(args)
-    elif args.run is not None:
-        a = analyze(args.run, settings, checkpoint=args.checkpoint or "best", text=args.text,
-                    out=args.out, progress=not args.quiet)
-    else:
-        from gatelens.lens.foreign import foreign_from_args
-
-        if args.text is None or args.out is None:
-            raise GatelensError(f"{args.weights}: a model gatelens did not train needs --text "
-                                "FILE (the text to read) and --out DIR")
-        a = analyze_foreign(foreign_from_args(args), settings, text=args.text, out=args.out,
-                            progress=not args.quiet)
-    print(a.out / "report.json")
-    print(a.out / "report.md")
-    v = a.verification
-    print(f"verification: {v.explain()}", file=sys.stderr)
-    if not v.passed:  # the report is still written
-        raise CheckFailed(f"verification: one-step error {v.max_abs_diff_h:.3g} > {v.tol:g}")
-    return 0
-
-
-#: the flags of ``gatelens analyze`` that belong to one source of a model (the attribute and
-#: the flag), so that one given with another source is refused instead of left unread
-SOURCE_FLAGS = {
-    "run": [("checkpoint", "--checkpoint")],
-    "weights": [(a, "--" + a.replace("_", "-")) for a in (
-        "vocab", "cell", "prefix", "hidden", "layers", "embed_tensor", "head", "nonlinearity",
-        "recurrent_activation")],
-    "model": [("modules", "--modules"), ("trust_remote_code", "--trust-remote-code")],
-}
-SOURCE_WORDS = {"run": "a run directory", "weights": "--weights FILE", "model": "--model DIR"}
-
-
-def _check_source_flags(args: argparse.Namespace) -> None:
-    """One line for a flag of another source than the one given (``--checkpoint`` with
-    ``--model DIR``, ``--hidden`` with a run directory): it would be left unread."""
-    given = "run" if args.run is not None else "weights" if args.weights is not None else "model"
-    for source, flags in SOURCE_FLAGS.items():
-        if source == given:
-            continue
-        for attr, flag in flags:
-            if getattr(args, attr, None) not in (None, False):
-                raise GatelensError(f"analyze: {flag} applies to {SOURCE_WORDS[source]}, not "
-                                    f"to {SOURCE_WORDS[given]}; leave it out")
-
-
 def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="the seed end to end on the default corpus, beside "
                        "the seed's figures")
@@ -341,7 +235,7 @@ def _cmd_study(args) -> int:
 
 
 COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_sample),
-            "verify": (add_verify, cmd_verify), "analyze": (_add_analyze, _cmd_analyze),
+            "verify": (add_verify, cmd_verify), "analyze": (add_analyze, cmd_analyze),
             "report": (_add_report, _cmd_report), "reproduce": (_add_reproduce, _cmd_reproduce),
             "study": (_add_study, _cmd_study), "patch": (add_patch, cmd_patch)}
 

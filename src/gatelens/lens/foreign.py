@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from gatelens.errors import GatelensError, positive_int
 from gatelens.families.registry import cell_spec
 from gatelens.lens.foreign_io import PathLike, extend_vocab, read_tensors, read_vocab, sniff
+from gatelens.readout.select import count_or_list
 
 #: PyTorch's recurrent modules, whose tensor names (weight_ih_l0 ...) these files use
 CELLS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}
@@ -330,10 +331,8 @@ def file_kind(path: Path) -> str:
     ('onnx', 'keras', 'tensors')
     """
     suffix = path.suffix.lower()
-    if suffix == ".onnx":
-        return "onnx"
-    if suffix in (".h5", ".hdf5", ".keras"):
-        return "keras"
+    if suffix in (kinds := {".onnx": "onnx", ".h5": "keras", ".hdf5": "keras", ".keras": "keras"}):
+        return kinds[suffix]
     if suffix or not path.is_file():
         return "tensors"
     return {"onnx": "onnx", "hdf5": "keras", "keras": "keras"}.get(sniff(path), "tensors")
@@ -361,7 +360,8 @@ def add_foreign_arguments(parser: argparse.ArgumentParser) -> None:
                    help="name prefix of the recurrent tensors, e.g. encoder.rnn. "
                         "(default: the only one in the file)")
     g.add_argument("--hidden", type=positive_int, help="default: from weight_hh_l0")
-    g.add_argument("--layers", type=positive_int, help="default: from the highest _lN")
+    g.add_argument("--layers", type=count_or_list, metavar="LAYERS", help="default: from "
+                   "the highest _lN (with --model DIR: which modules, as --modules)")
     g.add_argument("--embed-tensor", metavar="NAME", dest="embed_tensor",
                    help="embedding tensor (V, E), e.g. embed.weight (default: one-hot input)")
     g.add_argument("--head", metavar="PREFIX",
@@ -392,5 +392,8 @@ def foreign_from_args(args: argparse.Namespace) -> ForeignModel:
         raise GatelensError(f"{args.weights}: --weights needs --vocab FILE "
                             "(characters in index order)")
     given = vars(args)
+    if isinstance(given.get("layers"), list):  # a pick of modules: --layers with --model
+        raise GatelensError(f"{args.weights}: --layers with --weights is how many layers, a "
+                            f"positive integer; got {','.join(map(str, args.layers))}")
     return load_foreign(args.weights, vocab=args.vocab,
                         **{k: given.get(flag) for k, flag in _FLAGS.items()})

@@ -75,6 +75,21 @@ class LensResult:
     #: path -> a note on the output-level reach: why there is none, or how it was read
     notes: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def written(cls, analyses: dict[str, Analysis], out: str | os.PathLike | None) -> LensResult:
+        """``analyses`` with their index page; with ``out``, written as ``analyze`` writes."""
+        from gatelens.io import atomic_write_text
+        from gatelens.report.write import write_analysis
+
+        notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
+        result = cls(analyses, None if out is None else Path(out), notes=notes)
+        for path, a in analyses.items() if result.out is not None else ():
+            write_analysis(a, result.out / dirname(path))
+        result.index_html = index_page(result)
+        if result.out is not None:
+            atomic_write_text(result.out / "index.html", result.index_html)
+        return result
+
     @property
     def reports(self) -> dict[str, dict]:
         """{module path: report.json dict}."""
@@ -376,22 +391,10 @@ class Lens:
         run's seed for a run's model, else 0). ``layers`` measures only some of the
         recurrent modules: positions among ``families`` (0, -1), module paths or shell
         patterns (readout/select.py)."""
-        from gatelens.report.write import write_analysis
-
         s = AnalysisSettings.build(settings, **options)
         ids, chars, source = self.windows(text_or_ids, s.windows, s.length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
         analyses = {path: self.measure(path, ids, chars, s, text=text, chunk=chunk,
                                        progress=progress)
                     for path in select_paths(list(self.families), layers)}
-        notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
-        result = LensResult(analyses, None if out is None else Path(out), notes=notes)
-        if result.out is not None:
-            for path, a in analyses.items():
-                write_analysis(a, result.out / dirname(path))
-        result.index_html = index_page(result)
-        if result.out is not None:
-            from gatelens.io import atomic_write_text
-
-            atomic_write_text(result.out / "index.html", result.index_html)
-        return result
+        return LensResult.written(analyses, out)

@@ -18,12 +18,13 @@ gatelens.errors.GatelensError: layers: 7 is not one of the 3 recurrent modules (
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 
 from gatelens.errors import GatelensError
 
-__all__ = ["Selection", "as_flag", "keeps_name", "select_paths"]
+__all__ = ["Selection", "as_flag", "count_or_list", "keeps_name", "layer_list", "select_paths"]
 
 #: ``layers=``: positions among the opened modules, module paths or shell patterns
 Selection = Iterable[int | str] | int | str | None
@@ -60,6 +61,31 @@ def select_paths(paths: Sequence[str], layers: Selection) -> list[str]:
                                 f"{_listed(paths)}")
         chosen.update(found)
     return [p for p in paths if p in chosen]
+
+
+def layer_list(text: str) -> list[int | str]:
+    """An argparse type for --modules (and --layers with --model): comma-separated
+    positions or module paths/patterns.
+
+    >>> layer_list("0,-1,model.layers.3.linear_attn")
+    [0, -1, 'model.layers.3.linear_attn']
+    """
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected positions or module paths, got {text!r}")
+    return [int(t) if t.lstrip("-").isdigit() else t for t in items]
+
+
+def count_or_list(text: str) -> int | list[int | str]:
+    """An argparse type for ``analyze --layers``: how many layers (a positive integer, with
+    ``--weights``) or which recurrent modules (``layer_list``, with ``--model``).
+
+    >>> count_or_list("2"), count_or_list("0"), count_or_list("-1,x")
+    (2, [0], [-1, 'x'])
+    """
+    picks = layer_list(text)
+    one = picks[0] if len(picks) == 1 else None
+    return one if isinstance(one, int) and one > 0 else picks
 
 
 def as_flag(error: GatelensError, flag: str) -> GatelensError:

@@ -21,7 +21,7 @@ __all__ = ["add_verify", "cmd_verify"]
 
 def add_verify(sub) -> None:
     """The ``verify`` subcommand's flags."""
-    from gatelens.loaders.hf_analyze import layer_list
+    from gatelens.readout.select import layer_list
 
     p = sub.add_parser("verify", help="check the gate read-out against PyTorch's own output")
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or --model DIR")

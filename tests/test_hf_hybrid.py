@@ -1,5 +1,7 @@
-"""``gatelens verify --model DIR``: every recurrent module of a local Hugging Face checkpoint
-verified on token windows, without an analysis (loaders/hf_verify.py).
+"""A local Hugging Face checkpoint with several recurrent modules: ``gatelens verify --model
+DIR`` verifies each on token windows without an analysis (loaders/hf_verify.py), and
+``gatelens analyze --model DIR`` measures each, or those ``--modules``/``--layers`` pick
+(loaders/hf_analyze.py).
 
 The checkpoint is a small random Qwen3-Next hybrid (two Gated DeltaNet layers around a
 full-attention one) saved with ``save_pretrained`` beside a tokenizer trained in the test;
@@ -8,6 +10,7 @@ nothing is downloaded.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -114,3 +117,62 @@ def test_bad_verify_input_is_one_line(hybrid, tmp_path, capsys):
     assert "one of them" in one_line(capsys, ["verify", tmp_path, "--model", d])
     assert one_line(capsys, ["verify", tmp_path, "--modules", "0"]).endswith(
         "verify: --modules applies to --model DIR, not to a run directory; leave it out")
+
+
+def test_analyze_measures_every_recurrent_module_or_those_picked(hybrid, tmp_path, capsys):
+    d, text = hybrid
+    base = ["analyze", "--model", str(d), "--text", str(text), "--windows", "2", "--length",
+            "16", "--perturb-pos", "4", "--exponents", "2", "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "all")]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [str(tmp_path / "all" / "index.html")] + [
+        str(tmp_path / "all" / p / "report.json") for p in PATHS]
+    assert [ln.split(": verification:")[0] for ln in err.splitlines()] == PATHS
+    index = (tmp_path / "all" / "index.html").read_text(encoding="utf-8")
+    assert all(f'href="{p}/report.html"' in index for p in PATHS) and "Left alone:" in index
+    reps = {p: json.loads((tmp_path / "all" / p / "report.json").read_text()) for p in PATHS}
+    assert [r["model"]["path"] for r in reps.values()] == PATHS
+    assert all(r["model"]["unit"] == "tokens" and r["verification"]["passed"]
+               for r in reps.values())
+    # one picked (--layers, DESIGN's spelling, or --modules): written as a run's analysis is
+    for flag in ("--layers", "--modules"):
+        one = tmp_path / flag.strip("-")
+        assert main([*base, flag, "-1", "--out", str(one)]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == str(one / "report.json")
+        assert json.loads((one / "report.json").read_text()) == reps[PATHS[1]]
+    assert one_line(capsys, [*base, "--layers", "0", "--modules", "1"]).endswith(
+        "analyze: --layers and --modules say the same; give one")
+
+
+def test_analyze_model_defaults_to_the_built_in_corpus_and_dir_analysis(
+        hybrid, tmp_path, capsys, monkeypatch):
+    """No --text: the built-in corpus's validation split (a cached copy here: nothing is
+    fetched); no --out: DIR/analysis, as a run's is RUN/analysis."""
+    import shutil
+
+    from gatelens.training import corpus
+
+    d, text = hybrid
+    model = tmp_path / "copy"
+    shutil.copytree(d, model)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "shakespeare.txt").write_text(text.read_text(encoding="utf-8") * 10,
+                                           encoding="utf-8")
+    monkeypatch.setenv("GATELENS_CACHE", str(cache))
+    monkeypatch.setattr(corpus, "fetch_shakespeare_archive", lambda d: pytest.fail("fetched"))
+    assert main(["analyze", "--model", str(model), "--modules", "0", "--windows", "2",
+                 "--length", "16", "--perturb-pos", "4", "--exponents", "0", "--quiet"]) == 0
+    rep = json.loads((model / "analysis" / "report.json").read_text())
+    assert rep["text"]["source"].startswith(
+        "the built-in corpus shakespeare (validation split) (")
+    capsys.readouterr()
+
+
+def test_layers_is_a_count_with_weights_and_no_flag_of_a_run(tmp_path, capsys):
+    assert one_line(capsys, ["analyze", "--weights", "w.pt", "--vocab", "v.json", "--text",
+                             "t.txt", "--out", tmp_path, "--layers", "0,1"]).endswith(
+        "w.pt: --layers with --weights is how many layers, a positive integer; got 0,1")
+    assert one_line(capsys, ["analyze", tmp_path, "--layers", "2"]).endswith(
+        "analyze: --layers applies to --weights FILE (how many) or --model DIR (which), not "
+        "to a run directory; leave it out")
