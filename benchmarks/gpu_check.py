@@ -11,7 +11,8 @@ Without a CUDA device it prints one line, "no CUDA device", and exits 0. What it
 2. the read-out: LSTM, GRU, RNN (1 and 2 layers) and gatelens's minGRU, minLSTM and sLSTM
    traced on CUDA and on the CPU from the same weights and input; every signal's largest
    difference, and the one-step verification on CUDA (its tolerance);
-3. an analysis: ``Lens.measure`` of the trained model on CUDA and on the CPU (8 windows);
+3. an analysis: ``Lens.measure`` of the trained model on the CPU and with
+   ``Lens(run, device="cuda")`` (8 windows);
    the largest relative difference of every number in report.json, and whether every verdict
    (the words) is the same;
 4. speed: the read-out (``trace``, every gate kept) / the module's cuDNN forward, B = 32 and
@@ -119,8 +120,8 @@ def train_and_analyze(rows: list[dict], workdir: Path, dev: str, steps: int = 50
     chars = list(run.vocab)
     path = next(iter(lens.families))
     cpu = build_report(lens.measure(path, ids, chars))
-    lens_gpu = Lens(run.model.to(dev), run=run)
-    gpu = build_report(lens_gpu.measure(path, ids.to(dev), chars))
+    lens_gpu = Lens(run, device=dev)  # the model moved there in place, the ids on each call
+    gpu = build_report(lens_gpu.measure(path, ids, chars))
     a, b = numbers(cpu), numbers(gpu)
     skip = ("timing", "seconds", "wall")
     worst, where = 0.0, ""

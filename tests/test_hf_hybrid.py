@@ -176,3 +176,45 @@ def test_layers_is_a_count_with_weights_and_no_flag_of_a_run(tmp_path, capsys):
     assert one_line(capsys, ["analyze", tmp_path, "--layers", "2"]).endswith(
         "analyze: --layers applies to --weights FILE (how many) or --model DIR (which), not "
         "to a run directory; leave it out")
+
+
+def test_lens_device_moves_the_model_and_gives_the_same_analysis(monkeypatch):
+    """``Lens(..., device=)``: the CPU named is the analysis without it, figure for figure;
+    "auto" is the CPU where PyTorch sees no CUDA device, and "cuda" there is one line (the
+    CUDA path itself runs in benchmarks/gpu_check.py where a GPU is lent)."""
+    import gatelens
+    from gatelens.errors import GatelensError
+    from gatelens.lens.device import resolve
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Embedding(5, 4),
+                                   torch.nn.GRU(4, 6, batch_first=True))
+
+    ids = torch.randint(0, 5, (2, 12), generator=torch.Generator().manual_seed(2))
+    kw = {"perturb_pos": 3, "exponents": 2}
+    plain = gatelens.Lens(model(), vocab=5).analyze(ids, **kw).reports["1"]
+    lens = gatelens.Lens(model(), vocab=5, device="cpu")
+    assert lens.device == torch.device("cpu")
+    assert lens.analyze(ids, **kw).reports["1"] == plain
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve("auto") == torch.device("cpu")
+    for bad, words in (("cuda", "device 'cuda': this PyTorch"), ("tpu", "device 'tpu': not a"),
+                       ("meta", "device 'meta': it holds no values")):
+        with pytest.raises(GatelensError, match=f"^{words}"):
+            gatelens.Lens(model(), vocab=5, device=bad)
+
+
+def test_analyze_device_flag(hybrid, tmp_path, capsys, monkeypatch):
+    d, text = hybrid
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = ["analyze", "--model", str(d), "--text", str(text), "--windows", "2", "--length",
+            "16", "--perturb-pos", "4", "--exponents", "0", "--modules", "0", "--quiet"]
+    assert one_line(capsys, [*base, "--device", "cuda", "--out", tmp_path / "c"]).endswith(
+        "device 'cuda': this PyTorch (" + torch.__version__ + ") sees no CUDA device; use cpu "
+        "(or auto)")
+    assert main([*base, "--device", "auto", "--out", str(tmp_path / "a")]) == 0
+    assert main([*base, "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    same = [json.loads((tmp_path / x / "report.json").read_text()) for x in "ab"]
+    assert same[0] == same[1]

@@ -32,7 +32,7 @@ def analyze(run: str | Path, settings: AnalysisSettings | None = None, *,
             checkpoint: str | int = "best", text: str | Path | None = None,
             out: str | Path | None = None, progress: bool = True,
             timings: dict | None = None, plots: bool = True, chunk: int | None = None,
-            **options: Any) -> Analysis:
+            device: str | None = None, **options: Any) -> Analysis:
     """Analyse a run's model; write OUT/report.json, report.md, plots/*.png and report.html.
 
     ``settings`` (an ``AnalysisSettings``, or its fields as keyword arguments) says what is
@@ -53,7 +53,7 @@ def analyze(run: str | Path, settings: AnalysisSettings | None = None, *,
     check_perturb_pos(s.perturb_pos, s.length)
     ctx = load_run(run, checkpoint)
     ids, source = ctx.windows(s.windows, s.length, text)  # (B, T)
-    lens = Lens(ctx)
+    lens = Lens(ctx, device=device)  # device None: the CPU the run loads on
     clock["load"] = time.perf_counter() - t0
     _say(progress, f"tracing {ids.shape[0]} windows of {s.length} characters")
     # a gatelens run: the module is the run's own, so its path is "" (design.md)
@@ -71,14 +71,15 @@ def analyze(run: str | Path, settings: AnalysisSettings | None = None, *,
 
 def analyze_foreign(model: ForeignModel, settings: AnalysisSettings | None = None, *,
                     text: str | Path, out: str | Path, chunk: int | None = None,
-                    progress: bool = False, **options: Any) -> Analysis:
+                    progress: bool = False, device: str | None = None,
+                    **options: Any) -> Analysis:
     """Analyse weights gatelens did not train (``gatelens.lens.foreign``) on the first windows
     of a text file, through ``Lens``; writes the same files as ``analyze``. ``settings`` as
     ``analyze`` takes them (the seed defaults to 0)."""
     from gatelens.report.write import write_analysis
 
     s = AnalysisSettings.build(settings, **options)
-    lens = Lens(model, vocab=list(model.vocab))
+    lens = Lens(model, vocab=list(model.vocab), device=device)
     ids, chars, source = lens.windows(Path(text), s.windows, s.length)  # (B, T)
     info = {k: v for k, v in lens.describe(RUN_MODULE).items() if k != "class"}
     info.update(path=model.prefix.rstrip("."), weights=str(model.source),

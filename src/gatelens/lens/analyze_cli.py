@@ -18,6 +18,7 @@ from gatelens.errors import (
     positive_int,
     windows_count,
 )
+from gatelens.lens.device import DEVICES
 
 if TYPE_CHECKING:
     from gatelens.lens.lens import LensResult
@@ -58,6 +59,9 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
                    help="also find the fixed points under held inputs (slow)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory (default RUN/analysis)")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="where the model and the measurements run: cpu (default), cuda, or "
+                        "auto (cuda where PyTorch sees a device)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     add_foreign_arguments(p)
     add_hf_arguments(p)
@@ -90,7 +94,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             return _several(a)
     elif args.run is not None:
         a = analyze(args.run, settings, checkpoint=args.checkpoint or "best", text=args.text,
-                    out=args.out, progress=not args.quiet)
+                    out=args.out, progress=not args.quiet, device=args.device)
     else:
         from gatelens.lens.foreign import foreign_from_args
 
@@ -98,7 +102,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise GatelensError(f"{args.weights}: a model gatelens did not train needs --text "
                                 "FILE (the text to read) and --out DIR")
         a = analyze_foreign(foreign_from_args(args), settings, text=args.text, out=args.out,
-                            progress=not args.quiet)
+                            progress=not args.quiet, device=args.device)
     print(a.out / "report.json")
     print(a.out / "report.md")
     v = a.verification

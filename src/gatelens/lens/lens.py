@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +33,7 @@ from gatelens.families.registry import family_of
 from gatelens.families.torch_ops import as_computed
 from gatelens.families.unopened import nothing_opened
 from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
+from gatelens.lens.device import on, placed
 from gatelens.lens.logits import (
     find_logits,
     logits_at_of,
@@ -41,6 +41,7 @@ from gatelens.lens.logits import (
     pads_to,
     recurrent_outputs,
 )
+from gatelens.lens.result import LensResult
 from gatelens.lens.run import Run
 from gatelens.lens.tokens import (
     check_tokenizer,
@@ -55,51 +56,13 @@ from gatelens.readout.hooks import in_family_call
 from gatelens.readout.own_call import mark, refuse_global_hooks
 from gatelens.readout.select import Selection, select_paths
 from gatelens.readout.stitch import Stitcher, is_step_call
-from gatelens.report.index import dirname, index_page
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
     from gatelens.interventions.edits import Edit
     from gatelens.interventions.run import RunResult
 
-__all__ = ["Lens", "LensResult", "output_logits"]
-
-
-@dataclass
-class LensResult:
-    """What ``Lens.analyze`` measured: one ``Analysis`` per recurrent module path."""
-
-    analyses: dict[str, Analysis]
-    out: Path | None = None
-    index_html: str = ""
-    #: path -> a note on the output-level reach: why there is none, or how it was read
-    notes: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def written(cls, analyses: dict[str, Analysis], out: str | os.PathLike | None) -> LensResult:
-        """``analyses`` with their index page; with ``out``, written as ``analyze`` writes."""
-        from gatelens.io import atomic_write_text
-        from gatelens.report.write import write_analysis
-
-        notes = {p: a.reach_note for p, a in analyses.items() if a.reach_note}
-        result = cls(analyses, None if out is None else Path(out), notes=notes)
-        for path, a in analyses.items() if result.out is not None else ():
-            write_analysis(a, result.out / dirname(path))
-        result.index_html = index_page(result)
-        if result.out is not None:
-            atomic_write_text(result.out / "index.html", result.index_html)
-        return result
-
-    @property
-    def reports(self) -> dict[str, dict]:
-        """{module path: report.json dict}."""
-        return {path: a.report for path, a in self.analyses.items()}
-
-    def _repr_html_(self) -> str:
-        """Jupyter shows the index page (isolated in an iframe, as report.html is)."""
-        from gatelens.report.html import HtmlReport
-
-        return HtmlReport(self.index_html, height=320)._repr_html_()
+__all__ = ["Lens", "LensResult", "output_logits"]  # LensResult: lens/result.py
 
 
 class Lens:
@@ -116,6 +79,8 @@ class Lens:
     the model reads, "characters" (a vocabulary), "tokens" (the default with a tokenizer)
     or "bytes"; every figure and page speaks of it, and a model read in tokens or bytes has
     its replacement drawn from the tokens occurring in the windows.
+    ``device`` ("cpu", "cuda", "auto"; default: where the model is): the model is moved
+    there, in place, and so is every window of ids (``lens/device.py``).
     ``encode`` maps ids (B, T) int64 to what ``model(...)`` takes (default: the ids). A
     model with no module gatelens opens raises GatelensError naming its class; modules
     nested inside an opened one are part of it."""
@@ -123,7 +88,7 @@ class Lens:
     def __init__(self, model: nn.Module | Run, vocab: Sequence[str] | int | None = None,
                  encode: Callable[[Tensor], Any] | None = None, *,
                  tokenizer: Any = None, unit: str | None = None,
-                 run: Run | None = None) -> None:
+                 run: Run | None = None, device: str | torch.device | None = None) -> None:
         if isinstance(model, Run):
             model, run = model.model, model
         if run is not None and not isinstance(run, Run):
@@ -135,8 +100,8 @@ class Lens:
         if meta is not None:
             raise GatelensError(f"{type(model).__name__}: parameter {meta!r} is on the meta "
                                 "device (no values); load the weights first")
-        self.model = model
-        self.run_info = run
+        self.model, self.run_info = model, run
+        self.device = placed(model, device)  # the model moved there, and every ids
         if tokenizer is not None:
             if vocab is not None:
                 raise GatelensError("Lens takes vocab= or tokenizer=, not both")
@@ -166,7 +131,7 @@ class Lens:
         ``res.trace`` every module's signals on the edited run, keyed like ``open_cells``."""
         from gatelens.interventions.run import run_edits
 
-        return run_edits(self, ids, edits)
+        return run_edits(self, on(ids, self.device), edits)
 
     def _check_vocab(self) -> None:
         """The vocabulary against the model's first lookup: an embedding's rows, or a
@@ -319,6 +284,7 @@ class Lens:
 
     def _forward(self, model: nn.Module, ids: Tensor) -> Any:
         """``model`` on ids (or ``encode(ids)``); a model that cannot read ids is one line."""
+        ids = on(ids, self.device)
         if self.encode is not None:
             return model(self.encode(ids))
         # an HF model reads whole windows without its cache: transformers 5.23's RWKV, its
@@ -346,7 +312,7 @@ class Lens:
         base = None if self.run_info is None else self.run_info.baseline()
         if base is None:
             return None
-        lens = Lens(base.model, self.vocab, self.encode, unit=self.unit)
+        lens = Lens(base.model, self.vocab, self.encode, unit=self.unit, device=self.device)
         fam = lens.families[path]
         return base.step, fam.module, lens._runner(base.model, fam, path)
 
@@ -363,7 +329,7 @@ class Lens:
 
         s = AnalysisSettings.build(settings, **options)
         s = replace(s, seed=s.seed_or(0 if self.run_info is None else self.run_info.seed))
-        run = self.runner(path)
+        run, ids = self.runner(path), on(ids, self.device)
         with as_computed(self.modules[path]):  # parametrized weights read, never changed
             a = measure(self.modules[path], run, ids, chars, s,
                         init_value=0.5 if self.run_info is None else self.run_info.init_keep,

@@ -56,15 +56,15 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
                seed: int = 0, chunk: int | None = None, progress: bool = False,
                exponents: int | str = DEFAULTS.exponents,
                fixed_points: bool = DEFAULTS.fixed_points,
-               trust_remote_code: bool = False, layers: Selection = None
-               ) -> Analysis | LensResult:
+               trust_remote_code: bool = False, layers: Selection = None,
+               device: str | None = None) -> Analysis | LensResult:
     """Analyse a Hugging Face checkpoint (an :class:`HFModel`, or its directory) on the
     first token windows of a UTF-8 text file (None: the built-in corpus's validation split,
     ``default_text``). Each recurrent module ``layers`` picks (default: every one) is
     measured. One module: OUT/report.json, report.md, plots and report.html, as ``analyze``
     writes a run's, and its ``Analysis``; several: OUT/<module path>/ each and
     OUT/index.html, as ``Lens.analyze`` writes, and the ``LensResult``. OUT: ``out``, else
-    DIR/analysis (as a run's is RUN/analysis)."""
+    DIR/analysis (as a run's is RUN/analysis). ``device``: as ``Lens`` takes it."""
     from gatelens.analysis.measure import check_perturb_pos
     from gatelens.io import check_out_dir, read_utf8
     from gatelens.lens.lens import Lens, LensResult
@@ -79,8 +79,8 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     ids = token_windows(every, windows, length, where=where)  # (B, T)
     # the tokenizer makes the unit tokens: the replacement drawn from the tokens that
     # occur, token classes, every report in tokens (lens/tokens.py)
-    lens = Lens(hf.model, tokenizer=hf.tokenizer) if hf.tokenizer is not None else Lens(
-        hf.model, vocab=hf.tokens(), unit="tokens")
+    lens = Lens(hf.model, tokenizer=hf.tokenizer, device=device) if hf.tokenizer is not None \
+        else Lens(hf.model, vocab=hf.tokens(), unit="tokens", device=device)
     paths = select_paths(list(lens.families), layers)
     _, vocab, _ = lens.windows(ids, windows, length)  # ids: their tokens' texts
     how = "every whole window" if windows == "all" else f"first {ids.shape[0]} windows"
@@ -114,6 +114,6 @@ def analyze_hf_from_args(args: argparse.Namespace) -> Analysis | LensResult:
                           perturb_pos=args.perturb_pos, out=args.out, progress=not args.quiet,
                           exponents=args.exponents, fixed_points=args.fixed_points,
                           trust_remote_code=args.trust_remote_code,
-                          layers=getattr(args, "modules", None))
+                          layers=getattr(args, "modules", None), device=args.device)
     except GatelensError as e:  # select_paths names the Python argument: here it is a flag
         raise as_flag(e, "--modules") from None
