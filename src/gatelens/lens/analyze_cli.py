@@ -44,7 +44,8 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
                    help="best (default), final, or a step number")
     p.add_argument("--text", default=None, metavar="FILE",
                    help="analyse the first WINDOWS x LENGTH characters of FILE (tokens with "
-                        "--model; default: windows evenly spaced over the validation split)")
+                        "--model; default: windows evenly spaced over the validation split; "
+                        "with --model, the built-in corpus's)")
     p.add_argument("--windows", type=windows_count, default=DEFAULTS.windows,
                    help="B, windows (default 32); all: every whole window of the validation "
                         "split (or of --text), in chunks with a progress bar")
@@ -58,7 +59,7 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixed-points", action="store_true", dest="fixed_points",
                    help="also find the fixed points under held inputs (slow)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory (default RUN/analysis)")
+                   help="output directory (default RUN/analysis; DIR/analysis with --model)")
     p.add_argument("--device", choices=DEVICES, default=None,
                    help="where the model and the measurements run: cpu (default), cuda, or "
                         "auto (cuda where PyTorch sees a device)")
@@ -76,8 +77,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     if sum(x is not None for x in (args.run, args.weights, args.model)) != 1:
         raise GatelensError("analyze: give a run directory, or --weights FILE (with --vocab "
-                            "and --text) or --model DIR (with --text) for a model gatelens "
-                            "did not train; one of them")
+                            "and --text) or --model DIR for a model gatelens did not train; "
+                            "one of them")
     _check_source_flags(args)
     if args.out is not None:  # before the work, not after it
         check_out_dir(args.out)
