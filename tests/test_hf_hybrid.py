@@ -218,3 +218,77 @@ def test_analyze_device_flag(hybrid, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     same = [json.loads((tmp_path / x / "report.json").read_text()) for x in "ab"]
     assert same[0] == same[1]
+
+
+def test_patch_model_sweeps_token_windows_as_patch_sweep_does(hybrid, tmp_path, capsys):
+    """``gatelens patch --model DIR``: the same sweep as ``gatelens.patch_sweep`` on the
+    checkpoint's model, the token at --perturb-pos replaced by one that occurs in the
+    windows (as analyze draws it)."""
+    import numpy as np
+
+    import gatelens
+    from gatelens.analysis.perturbation import perturb_windows
+    from gatelens.loaders.hf_dir import load_hf
+
+    d, text = hybrid
+    out = tmp_path / "p"
+    assert main(["patch", "--model", str(d), "--text", str(text), "--windows", "2",
+                 "--length", "16", "--perturb-pos", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(out / f) for f in ("patch.json", "patch.png", "patch.md")]
+    doc = json.loads((out / "patch.json").read_text())
+    assert doc["names"] == [f"{p}.layer0.s" for p in PATHS] and len(doc["positions"]) == 16
+    assert doc["inputs"] == {"source": f"{text}, token 4 replaced", "perturb_pos": 4,
+                             "model": str(d)}
+    hf = load_hf(d)
+    clean = hf.windows(text.read_text(encoding="utf-8"), 2, 16)
+    corrupt = perturb_windows(clean, 4, hf.vocab_size, 0, clean.unique())
+    assert bool((corrupt[:, 4] != clean[:, 4]).all()) and set(corrupt[:, 4].tolist()) <= set(
+        clean.unique().tolist())
+    want = gatelens.patch_sweep(gatelens.Lens(hf.model, vocab=hf.tokens(), unit="tokens"),
+                                clean, corrupt)
+    assert np.allclose(np.array(doc["effect"], dtype=float), want.effect, equal_nan=True,
+                       rtol=0, atol=1e-12)
+    # clean and corrupted texts in tokens; logit-diff between two tokens' texts
+    tokens, clean_text = hf.tokens(), "the quick brown fox"
+    n = len(hf.encode(clean_text))
+    corrupt_text = next(t for w in sorted(set(TEXT.split()) - {"fox"})
+                        if len(hf.encode(t := f"the quick brown {w}")) == n)
+    a, b = tokens[10], tokens[11]
+    assert main(["patch", "--model", str(d), "--clean", clean_text, "--corrupt", corrupt_text,
+                 "--metric", "logit-diff", "--pair", f"{a},{b}", "--out", str(tmp_path / "q"),
+                 "--quiet"]) == 0
+    assert json.loads((tmp_path / "q" / "patch.json").read_text())["metric"].startswith(
+        "logit_diff")
+
+
+def test_patch_model_bad_input_is_one_line(hybrid, tmp_path, capsys):
+    d, text = hybrid
+    base = ["patch", "--model", d, "--out", tmp_path / "o"]
+    n = [len(load_hf_tokens(d, t)) for t in ("the quick brown fox", "the lazy brown fox")]
+    assert one_line(capsys, [*base, "--clean", "the quick brown fox", "--corrupt",
+                             "the lazy brown fox"]).endswith(
+        f"patch: --clean is {n[0]} tokens and --corrupt {n[1]}; they must be as many, and "
+        "not none")
+    assert one_line(capsys, [*base, "--checkpoint", "3"]).endswith(
+        "patch: --checkpoint applies to a run directory, not to --model DIR; leave it out")
+    assert one_line(capsys, [*base, "--text", text, "--length", "16", "--windows", "2",
+                             "--metric", "logit-diff", "--pair", "zz,qq"]).endswith(
+        "--pair: token 'zz' is not in the model's vocabulary of "
+        f"{len(load_hf_tokens(d))} tokens")
+    assert one_line(capsys, [*base, "--text", text, "--length", "16", "--windows", "2",
+                             "--perturb-pos", "16"]).endswith(
+        "--perturb-pos 16 is outside windows of 16 tokens (0..15)")
+    assert "one of them" in one_line(capsys, ["patch"])
+    assert "one of them" in one_line(capsys, ["patch", tmp_path, "--model", d])
+    assert one_line(capsys, ["patch", tmp_path, "--trust-remote-code"]).endswith(
+        "patch: --trust-remote-code applies to --model DIR, not to a run directory; leave "
+        "it out")
+
+
+def load_hf_tokens(d: Path, text: str | None = None) -> list:
+    """The checkpoint's token texts, or the ids of ``text``."""
+    from gatelens.loaders.hf_dir import load_hf
+
+    hf = load_hf(d)
+    return hf.tokens() if text is None else hf.encode(text).tolist()

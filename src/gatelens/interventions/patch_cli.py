@@ -1,10 +1,13 @@
-"""``gatelens patch RUN``: activation patching of a run's model (docs/interventions.md).
+"""``gatelens patch RUN`` (or ``--model DIR``): activation patching of a run's model, or of
+a local Hugging Face checkpoint read in tokens (docs/interventions.md).
 
-Clean and corrupted inputs are two texts of the same length (``--clean``, ``--corrupt``),
-or the run's analysis windows (``--windows``, ``--length``, its validation split or
-``--text``) with the character at ``--perturb-pos`` replaced in each (drawn with the run's
-seed, as ``gatelens analyze`` perturbs). Writes OUT/patch.json, patch.png and patch.md
-(OUT: --out, default RUN/patch).
+Clean and corrupted inputs are two texts of the same length (``--clean``, ``--corrupt``;
+with ``--model``, of the same number of tokens), or analysis windows (``--windows``,
+``--length``; a run's validation split or ``--text``; with ``--model``, ``--text`` or the
+built-in corpus's validation split) with the character (token) at ``--perturb-pos``
+replaced in each, drawn as ``gatelens analyze`` draws it (a checkpoint's from the tokens
+that occur in the windows). Writes OUT/patch.json, patch.png and patch.md (OUT: --out,
+default RUN/patch or DIR/patch).
 """
 
 from __future__ import annotations
@@ -24,8 +27,12 @@ def add_patch(sub) -> None:
 
     p = sub.add_parser("patch", help="activation patching: which state at which position "
                        "carries the difference between a clean and a corrupted input")
-    p.add_argument("run", help="run directory (from gatelens train)")
-    p.add_argument("--checkpoint", default="best", help="best (default), final or a step")
+    p.add_argument("run", nargs="?", help="run directory (from gatelens train); or --model DIR")
+    p.add_argument("--model", metavar="DIR", help="a local Hugging Face checkpoint, read in "
+                   "its tokens (--length, --perturb-pos and --positions count tokens)")
+    p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
+                   help="with --model: let transformers run the directory's own code")
+    p.add_argument("--checkpoint", default=None, help="best (default), final or a step")
     p.add_argument("--clean", metavar="TEXT", help="the clean text (with --corrupt, of the "
                    "same length); default: the run's windows")
     p.add_argument("--corrupt", metavar="TEXT", help="the corrupted text")
@@ -47,10 +54,12 @@ def add_patch(sub) -> None:
                    help="kl (default): KL(clean ‖ run) at the last position; loss: the "
                         "next-character loss on the clean text; logit-diff: logit of "
                         "--pair's first character minus its second's at the last position")
-    p.add_argument("--pair", metavar="AB", help="logit-diff's two characters")
+    p.add_argument("--pair", metavar="AB", help="logit-diff's two characters (with --model: "
+                   "two tokens' texts as the tokenizer decodes them, comma-separated)")
     p.add_argument("--no-attribution", action="store_true", dest="no_attribution",
                    help="skip attribution patching (the gradient estimate)")
-    p.add_argument("--out", metavar="DIR", help="output directory (default RUN/patch)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default RUN/patch, or "
+                   "DIR/patch with --model)")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
 
 
@@ -87,14 +96,18 @@ def _metric(args, vocab: list[str]):
         if args.pair is not None:
             raise GatelensError(f"--pair is for --metric logit-diff, not {args.metric}")
         return args.metric
-    if args.pair is None or len(args.pair) != 2:
-        raise GatelensError(f"--metric logit-diff needs --pair AB: two characters; got "
+    tokens = getattr(args, "model", None) is not None
+    pair = None if args.pair is None else args.pair.split(",") if tokens else list(args.pair)
+    what = "tokens' texts, comma-separated" if tokens else "characters"
+    if pair is None or len(pair) != 2:
+        raise GatelensError(f"--metric logit-diff needs --pair AB: two {what}; got "
                             f"{args.pair!r}")
-    missing = [c for c in args.pair if c not in vocab]
+    missing = [c for c in pair if c not in vocab]
     if missing:
-        raise GatelensError(f"--pair: character {missing[0]!r} is not in the model's "
-                            f"vocabulary of {len(vocab)} characters")
-    return gatelens.logit_diff(vocab.index(args.pair[0]), vocab.index(args.pair[1]))
+        unit = "token" if tokens else "character"
+        raise GatelensError(f"--pair: {unit} {missing[0]!r} is not in the model's "
+                            f"vocabulary of {len(vocab)} {unit}s")
+    return gatelens.logit_diff(vocab.index(pair[0]), vocab.index(pair[1]))
 
 
 def _inputs(args, run) -> tuple:
@@ -126,21 +139,36 @@ def cmd_patch(args) -> int:
     from pathlib import Path
 
     import gatelens
-    from gatelens.interventions.patch_report import write_patch
     from gatelens.io import check_out_dir
     from gatelens.lens.run import load_run
 
+    if (args.run is None) == (args.model is None):
+        raise GatelensError("patch: give a run directory or --model DIR; one of them")
+    if args.model is not None:
+        return _patch_model(args)
+    if args.trust_remote_code:
+        raise GatelensError("patch: --trust-remote-code applies to --model DIR, not to a run "
+                            "directory; leave it out")
     if not Path(args.run).is_dir():
         raise GatelensError(f"{args.run}: no such run directory")
     out = check_out_dir(args.out if args.out is not None else Path(args.run) / "patch")
-    run = load_run(args.run, args.checkpoint)
+    run = load_run(args.run, args.checkpoint or "best")
     lens = gatelens.Lens(run)
     metric = _metric(args, list(run.vocab))
     clean, corrupt, inputs = _inputs(args, run)
+    return _sweep(args, lens, metric, clean, corrupt, out,
+                  {**inputs, "run": str(args.run), "step": run.step})
+
+
+def _sweep(args, lens, metric, clean, corrupt, out, inputs: dict) -> int:
+    """The sweep, its files written, their paths printed, and the summary line."""
+    import gatelens
+    from gatelens.interventions.patch_report import write_patch
+
     res = gatelens.patch_sweep(lens, clean, corrupt, _names(args.names),
                                _positions(args.positions), metric,
                                attribution=not args.no_attribution)
-    paths = write_patch(res, out, {**inputs, "run": str(args.run), "step": run.step})
+    paths = write_patch(res, out, inputs)
     for p in paths.values():
         print(p)
     if not args.quiet:
@@ -150,3 +178,39 @@ def cmd_patch(args) -> int:
               file=sys.stderr)
     return 0
 
+
+def _patch_model(args) -> int:
+    """``gatelens patch --model DIR``: the checkpoint's model on token ids (clean and
+    corrupted texts of as many tokens, or token windows with one token replaced)."""
+    import gatelens
+    from gatelens.analysis.perturbation import perturb_windows
+    from gatelens.io import check_out_dir, read_utf8
+    from gatelens.loaders.hf_analyze import default_text
+    from gatelens.loaders.hf_dir import load_hf
+
+    if args.checkpoint is not None:
+        raise GatelensError("patch: --checkpoint applies to a run directory, not to --model "
+                            "DIR; leave it out")
+    hf = load_hf(args.model, trust_remote_code=args.trust_remote_code)
+    out = check_out_dir(args.out if args.out is not None else hf.directory / "patch")
+    lens = gatelens.Lens(hf.model, vocab=hf.tokens(), unit="tokens")
+    metric = _metric(args, hf.tokens())
+    if (args.clean is None) != (args.corrupt is None):
+        raise GatelensError("patch: give --clean and --corrupt together (or neither: token "
+                            "windows of --text)")
+    if args.clean is not None:
+        clean, corrupt = (hf.encode(t)[None] for t in (args.clean, args.corrupt))
+        if clean.shape != corrupt.shape or not clean.numel():
+            raise GatelensError(f"patch: --clean is {clean.shape[1]} tokens and --corrupt "
+                                f"{corrupt.shape[1]}; they must be as many, and not none")
+        inputs = {"clean": args.clean, "corrupt": args.corrupt, "source": "--clean / --corrupt"}
+    else:
+        raw, where = (read_utf8(args.text), str(args.text)) if args.text else default_text()
+        clean = hf.windows(raw, args.windows, args.length, where=where)
+        if not 0 <= args.perturb_pos < clean.shape[1]:
+            raise GatelensError(f"--perturb-pos {args.perturb_pos} is outside windows of "
+                                f"{clean.shape[1]} tokens (0..{clean.shape[1] - 1})")
+        corrupt = perturb_windows(clean, args.perturb_pos, hf.vocab_size, 0, clean.unique())
+        inputs = {"source": f"{where}, token {args.perturb_pos} replaced",
+                  "perturb_pos": args.perturb_pos}
+    return _sweep(args, lens, metric, clean, corrupt, out, {**inputs, "model": str(args.model)})
