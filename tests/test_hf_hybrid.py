@@ -218,6 +218,13 @@ def test_analyze_device_flag(hybrid, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     same = [json.loads((tmp_path / x / "report.json").read_text()) for x in "ab"]
     assert same[0] == same[1]
+    # verify and patch take the same flag
+    for cmd in (["verify", "--model", d, "--text", text, "--length", "16"],
+                ["patch", "--model", d, "--text", text, "--length", "16", "--windows", "2",
+                 "--perturb-pos", "4", "--out", tmp_path / "p"]):
+        assert "device 'cuda': this PyTorch" in one_line(capsys, [*cmd, "--device", "cuda"])
+        assert main([str(c) for c in cmd] + ["--device", "cpu"]) == 0
+        capsys.readouterr()
 
 
 def test_patch_model_sweeps_token_windows_as_patch_sweep_does(hybrid, tmp_path, capsys):

@@ -60,6 +60,8 @@ def add_patch(sub) -> None:
                    help="skip attribution patching (the gradient estimate)")
     p.add_argument("--out", metavar="DIR", help="output directory (default RUN/patch, or "
                    "DIR/patch with --model)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
+                   help="where the model runs: cpu (default), cuda, or auto")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
 
 
@@ -153,7 +155,7 @@ def cmd_patch(args) -> int:
         raise GatelensError(f"{args.run}: no such run directory")
     out = check_out_dir(args.out if args.out is not None else Path(args.run) / "patch")
     run = load_run(args.run, args.checkpoint or "best")
-    lens = gatelens.Lens(run)
+    lens = gatelens.Lens(run, device=args.device)
     metric = _metric(args, list(run.vocab))
     clean, corrupt, inputs = _inputs(args, run)
     return _sweep(args, lens, metric, clean, corrupt, out,
@@ -193,7 +195,7 @@ def _patch_model(args) -> int:
                             "DIR; leave it out")
     hf = load_hf(args.model, trust_remote_code=args.trust_remote_code)
     out = check_out_dir(args.out if args.out is not None else hf.directory / "patch")
-    lens = gatelens.Lens(hf.model, vocab=hf.tokens(), unit="tokens")
+    lens = gatelens.Lens(hf.model, vocab=hf.tokens(), unit="tokens", device=args.device)
     metric = _metric(args, hf.tokens())
     if (args.clean is None) != (args.corrupt is None):
         raise GatelensError("patch: give --clean and --corrupt together (or neither: token "

@@ -48,6 +48,7 @@ from gatelens.errors import GatelensError
 from gatelens.interventions.edits import Add, Set
 from gatelens.interventions.metrics import Metric, metric_of, metric_value, spearman
 from gatelens.interventions.run import run_edits
+from gatelens.lens.device import on
 
 if TYPE_CHECKING:
     from gatelens.lens.lens import Lens
@@ -190,7 +191,8 @@ def patch_sweep(lens: Lens, clean: Tensor | str, corrupt: Tensor | str,
     Returns a ``PatchResult``; bad input is a one-line GatelensError.
     """
     metric = metric_of(metric)
-    clean, corrupt = _ids(lens, clean, "clean"), _ids(lens, corrupt, "corrupt")
+    clean, corrupt = (on(_ids(lens, x, w), lens.device) for x, w in ((clean, "clean"),
+                                                                   (corrupt, "corrupt")))
     if clean.shape != corrupt.shape:
         raise GatelensError(f"patch: clean ids {tuple(clean.shape)} and corrupt ids "
                             f"{tuple(corrupt.shape)} differ in shape; patching needs inputs "

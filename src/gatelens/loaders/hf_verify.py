@@ -30,15 +30,16 @@ __all__ = ["verify_hf", "verify_modules"]
 
 
 def verify_modules(model: nn.Module, ids: Tensor, layers: Selection = None,
-                   tol: float | None = None, vocab: int | None = None
-                   ) -> Iterator[tuple[str, VerifyResult]]:
+                   tol: float | None = None, vocab: int | None = None,
+                   device: str | None = None) -> Iterator[tuple[str, VerifyResult]]:
     """(path, ``verify``'s result) for each recurrent module of ``model`` (those ``layers``
     picks), on what it received when ``model`` read ``ids`` (B, T); one module at a time.
-    ``vocab``: the embedding's size (default: the largest id + 1)."""
+    ``vocab``: the embedding's size (default: the largest id + 1); ``device``: as ``Lens``
+    takes it."""
     from gatelens.lens.lens import Lens
     from gatelens.readout.verify import verify
 
-    lens = Lens(model, vocab=vocab or max(2, int(ids.max()) + 1))
+    lens = Lens(model, vocab=vocab or max(2, int(ids.max()) + 1), device=device)
     paths = select_paths(list(lens.families), layers)  # a bad pick: before any work
 
     def each() -> Iterator[tuple[str, VerifyResult]]:
@@ -51,8 +52,8 @@ def verify_modules(model: nn.Module, ids: Tensor, layers: Selection = None,
 
 def verify_hf(directory: str | os.PathLike, *, text: str | os.PathLike,
               windows: int | str = 2, length: int = 128, tol: float | None = None,
-              layers: Selection = None, trust_remote_code: bool = False
-              ) -> tuple[Tensor, Iterator[tuple[str, VerifyResult]]]:
+              layers: Selection = None, trust_remote_code: bool = False,
+              device: str | None = None) -> tuple[Tensor, Iterator[tuple[str, VerifyResult]]]:
     """The token windows (B, T) of ``text`` a checkpoint directory's tokenizer gives, and
     ``verify_modules`` of its model on them (a generator: each module verified as it is
     read)."""
@@ -61,4 +62,4 @@ def verify_hf(directory: str | os.PathLike, *, text: str | os.PathLike,
 
     hf = load_hf(directory, trust_remote_code=trust_remote_code)  # refuses no recurrence
     ids = hf.windows(read_utf8(text), windows, length, where=str(text))
-    return ids, verify_modules(hf.model, ids, layers, tol, vocab=hf.vocab_size)
+    return ids, verify_modules(hf.model, ids, layers, tol, vocab=hf.vocab_size, device=device)

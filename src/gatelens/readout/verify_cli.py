@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import CheckFailed, GatelensError, nonnegative_float, positive_int
 from gatelens.families.spec import layer_name
+from gatelens.lens.device import DEVICES, on, placed
 
 if TYPE_CHECKING:
     from gatelens.readout.verify import VerifyResult
@@ -32,6 +33,8 @@ def add_verify(sub) -> None:
                    help="B windows (default 32; 2 with --model)")
     p.add_argument("--length", type=positive_int, default=DEFAULTS.length,
                    help="T, characters per window (tokens with --model; default 128)")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="where the model runs: cpu (default), cuda, or auto")
     p.add_argument("--tol", type=nonnegative_float, default=None,
                    help="largest difference that passes, finite, 0 or above (default: the "
                         "weights' dtype's, 1e-5 for float32)")
@@ -61,7 +64,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                 "directory; leave it out")
     run = load_run(args.run, args.checkpoint or "best")
     ids, source = run.windows(args.windows or DEFAULTS.windows, args.length, args.text)
-    res = verify(run.model.rnn, run.model.encode(ids), tol=args.tol)
+    dev = placed(run.model, args.device)
+    res = verify(run.model.rnn, run.model.encode(on(ids, dev)), tol=args.tol)
     print(f"{args.run} (step {run.step}), {ids.shape[0]} windows x {ids.shape[1]} characters "
           f"of {source}:")
     _print_layers(res, "  ")
@@ -102,7 +106,8 @@ def _verify_model(args: argparse.Namespace) -> int:
     try:
         ids, results = verify_hf(args.model, text=args.text, windows=args.windows or 2,
                                  length=args.length, tol=args.tol, layers=args.modules,
-                                 trust_remote_code=args.trust_remote_code)
+                                 trust_remote_code=args.trust_remote_code,
+                                 device=args.device)
         print(f"{args.model}, {ids.shape[0]} windows x {ids.shape[1]} tokens of {args.text}:")
         failed = []
         for path, res in results:
