@@ -13,7 +13,7 @@ packages through a ``.pth`` file::
     /tmp/tlv/bin/python benchmarks/bench_peer_tl.py [--layers 24] [--windows 2] [--rounds 5]
     /tmp/tlv/bin/python benchmarks/bench_peer_tl.py --memory   # peak memory, one child each
 
-``--memory`` runs each of the three calls in its own process (model and bridge built, the
+``--memory`` runs each of the four calls in its own process (model and bridge built, the
 peak resident memory reset through ``/proc/self/clear_refs``, the call made once and its
 result held): the peak above the resident set before the call, beside the bytes of the
 states it hands over (and of everything it hands over: gatelens's trace holds the keep,
@@ -62,7 +62,7 @@ def tokenizer(vocab: int, where: str):
 
 def setup(layers: int, windows: int):
     """The random model, TransformerLens's bridge over a copy of it, the windows' ids and the
-    three calls compared (each returns what it hands over)."""
+    calls compared (each returns what it hands over)."""
     from transformer_lens.model_bridge import TransformerBridge
 
     import gatelens
@@ -80,15 +80,17 @@ def setup(layers: int, windows: int):
         m.eager_scan = True
     wanted = lambda name: name.endswith("hook_ssm_state")  # noqa: E731
 
-    def opened():
-        with gatelens.open_cells(model) as cache:
+    def opened(names=None):
+        with gatelens.open_cells(model, names=names) as cache:
             model(ids)
         return cache
 
     runs = {"transformers' forward": lambda: model(ids),
             "TransformerLens run_with_cache(hook_ssm_state)":
                 lambda: bridge.run_with_cache(ids, names_filter=wanted),
-            "gatelens open_cells": opened}
+            "gatelens open_cells": opened,
+            # what TransformerLens hands over: the states alone
+            "gatelens open_cells(names=['s'])": lambda: opened(["s"])}
     return model, bridge, ids, words, len(mixers), wanted, opened, runs
 
 
@@ -131,7 +133,7 @@ def memory_child(layers: int, windows: int, which: str) -> None:
 def memory(args) -> int:
     """Each call in its own process (``memory_child``); a table of their peaks."""
     names = ["transformers' forward", "TransformerLens run_with_cache(hook_ssm_state)",
-             "gatelens open_cells"]
+             "gatelens open_cells", "gatelens open_cells(names=['s'])"]
     print(f"peak resident memory above the set before the call, MiB ({args.layers} layers, "
           f"W = {args.windows}, T = 128, one process a call):")
     for which in names:

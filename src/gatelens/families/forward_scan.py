@@ -61,10 +61,12 @@ class SequentialScanStates(TorchFunctionMode):
     [(1, 1, 2, 3), (1, 1, 2, 3)]
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
         super().__init__()
         self.states: Tensor | None = None
         self.keep: Tensor | None = None
+        self.wants_keep = keep  # False: the keep's shape only (a trace that skips it)
+        self.like: Tensor | None = None  # (B, T, D, N): the keep's shape, dtype, device
         self.count = 0
         self.fits = True
 
@@ -75,26 +77,29 @@ class SequentialScanStates(TorchFunctionMode):
             self._state(args[0])
         elif func is torch.exp and isinstance(out, Tensor) and out.dim() == 4:
             keep = out.detach().transpose(1, 2)  # no graph: a read-out
-            self.keep = state_empty(keep.shape, keep.dtype, keep.device).copy_(keep)
+            self.like = keep.new_empty(()).expand(keep.shape)  # its shape, one number held
+            self.keep = state_empty(keep.shape, keep.dtype, keep.device).copy_(keep) \
+                if self.wants_keep else None
             self.states, self.count = None, 0
         return out
 
     def _state(self, s: Tensor) -> None:
-        keep = self.keep
-        if keep is None or s.shape != (keep.shape[0], keep.shape[2], keep.shape[3]) or \
-                s.dtype != keep.dtype or self.count >= keep.shape[1]:
+        like = self.like
+        if like is None or s.shape != (like.shape[0], like.shape[2], like.shape[3]) or \
+                s.dtype != like.dtype or self.count >= like.shape[1]:
             self.fits = False
             return
         if self.states is None:
-            self.states = state_empty(keep.shape, keep.dtype, keep.device)
+            self.states = state_empty(like.shape, like.dtype, like.device)
         self.states[:, self.count].copy_(s.detach())
         self.count += 1
 
-    def scan(self) -> tuple[Tensor, Tensor] | None:
-        """(s, keep), (B, T, D, N) each, where the scan handed over one state of the keep's
-        shape and dtype for each of its T steps, and nothing else; else None."""
-        if not self.fits or self.keep is None or self.states is None or \
-                self.count != self.keep.shape[1]:
+    def scan(self) -> tuple[Tensor, Tensor | None] | None:
+        """(s, keep), (B, T, D, N) each (keep None where it was not kept), where the scan
+        handed over one state of the keep's shape and dtype for each of its T steps, and
+        nothing else; else None."""
+        if not self.fits or self.like is None or self.states is None or \
+                self.count != self.like.shape[1]:
             return None
         return self.states, self.keep
 

@@ -365,7 +365,8 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
     ``kept``: what its scan itself formed during that forward (forward_scan's
     SequentialScanStates, as a Recorder holds it): its states and keep are taken as they are
     where it has them, instead of replayed.
-    Returns its Δ (B, T, Din) and keep a = exp(Δ A) (B, T, Din·N) as the mixer formed them,
+    Returns its Δ (B, T, Din) and keep a = exp(Δ A) (B, T, Din·N) as the mixer formed them
+    (no "a" where ``kept`` held the states without it: a trace that skips the keep),
     s (B, T, Din·N), and the scan's output before out_proj, (C·s + D x̂) ⊙ silu(z)
     (B, T, Din), the figure the module's own is compared with."""
     N, rank = int(mix.ssm_state_size), int(mix.time_step_rank)
@@ -389,5 +390,5 @@ def mamba1_scan(mix: nn.Module, xh: Tensor, xproj: Tensor, z: Tensor,
         s = linear_scan(a, b, overwrite=True).transpose(0, 1)  # (B, T, Din, N), over b
         keep = a.transpose(0, 1)
     y = (s.to(xh.dtype) @ Cm[..., None])[..., 0] + xh * mix.D  # (B, T, Din)
-    sig = {"delta": dt.transpose(1, 2), "a": keep.flatten(2)}
+    sig = {"delta": dt.transpose(1, 2)} | ({} if keep is None else {"a": keep.flatten(2)})
     return sig, s.flatten(2), y * F.silu(z)

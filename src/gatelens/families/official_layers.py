@@ -25,6 +25,7 @@ the whole reference.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import Tensor
 from gatelens.cells.names import layer_name
 from gatelens.cells.numerics import faithful_matmul
 from gatelens.families.base import Call, LayerDiff, Readout, Reference
+from gatelens.families.forward_scan import SequentialScanStates
 from gatelens.families.records import Recorder
 
 __all__ = ["LayerReplay", "layer_steps", "one_step_by_layer", "read_layers", "replayed",
@@ -62,13 +64,24 @@ def _shared(fam: Any, rec: Recorder, output: Tensor) -> dict:
 
 def layer_steps(fam: Any, names: Sequence[str]) -> dict[str, tuple] | None:
     """``fam.scan_steps()`` of the layers ``names`` (full trace keys) name only: the states of
-    a layer no name asks for are not kept during the forward (``scan{k}`` is layer k's)."""
+    a layer no name asks for are not kept during the forward (``scan{k}`` is layer k's), and
+    a layer whose names skip its keep gate keeps its states without the keep
+    (``SequentialScanStates(keep=False)``: at 24 layers of mamba-130m's width, 0.6 GB)."""
     steps = fam.scan_steps()
     if steps is None:
         return None
     layers = {_layer_of(n) for n in names}
-    return {key: v for key, v in steps.items()
-            if not key.startswith("scan") or int(key[len("scan"):]) in layers}
+    keep = fam.spec.keep_gate
+    kept = {_layer_of(n) for n in names if n.split(".")[-1] == keep}
+    return {key: (mod, partial(SequentialScanStates, keep=False)
+                  if mode is SequentialScanStates and k not in kept else mode)
+            for key, (mod, mode) in steps.items()
+            if (k := _scan_layer(key)) is None or k in layers}
+
+
+def _scan_layer(key: str) -> int | None:
+    """The layer of a ``scan_steps`` key (``scan{k}``), None for another key."""
+    return int(key[len("scan"):]) if key.startswith("scan") else None
 
 
 def _layer_reference(fam: Any, call: Call, rec: Recorder, shared: dict, k: int
