@@ -72,7 +72,7 @@ def setup(layers: int, windows: int, peer: bool = True):
     model.eval()
     ids = torch.randint(0, V, (windows, 128), generator=torch.Generator().manual_seed(1))
     bridge, mixers = None, []
-    if peer:  # imported only here: importing it changes how a later call's memory is reused
+    if peer:  # imported only where its own call needs it
         from transformer_lens.model_bridge import TransformerBridge
 
         with tempfile.TemporaryDirectory() as where:
@@ -108,8 +108,8 @@ def memory_child(layers: int, windows: int, which: str) -> None:
     of per-token states it hands over, as one JSON line."""
     import gc
 
-    # only TransformerLens's process imports it and builds its bridge: either leaves memory
-    # in the heap that a later call reuses, and hid up to 1 GiB of gatelens's peak
+    # only TransformerLens's process imports it and builds its bridge: no other call's
+    # process holds anything of it
     *_, runs = setup(layers, windows, peer=which.startswith("TransformerLens"))
     run = runs[which]
     with torch.no_grad():
