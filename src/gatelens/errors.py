@@ -207,3 +207,30 @@ def exponents_count(text: str) -> int | str:
     if text in ("all", "auto"):
         return text
     return 0 if text.strip() == "0" else positive_int(text)
+
+
+#: what each source of a model is called in a message (``refuse_other_sources``)
+SOURCE_WORDS = {"run": "a run directory", "weights": "--weights FILE", "model": "--model DIR"}
+#: the flags that belong to a run directory and to ``--model DIR`` (attribute, flag)
+RUN_FLAGS = (("checkpoint", "--checkpoint"),)
+MODEL_FLAGS = (("modules", "--modules"), ("trust_remote_code", "--trust-remote-code"))
+
+
+def refuse_other_sources(command: str, args: object, given: str,
+                         flags: dict[str, tuple[tuple[str, str], ...]]) -> None:
+    """One line for a flag (``flags``: source -> (attribute, flag) pairs) of another source
+    of a model than ``given`` ("run", "weights", "model"): it would be left unread.
+
+    >>> import argparse
+    >>> try:
+    ...     refuse_other_sources("verify", argparse.Namespace(checkpoint="3"), "model",
+    ...                          {"run": RUN_FLAGS, "model": MODEL_FLAGS})
+    ... except GatelensError as e:
+    ...     print(e)
+    verify: --checkpoint applies to a run directory, not to --model DIR; leave it out
+    """
+    for source, pairs in flags.items():
+        for attr, flag in pairs if source != given else ():
+            if getattr(args, attr, None) not in (None, False):
+                raise GatelensError(f"{command}: {flag} applies to {SOURCE_WORDS[source]}, "
+                                    f"not to {SOURCE_WORDS[given]}; leave it out")

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 import sys
 
-from gatelens.errors import GatelensError, positive_int, windows_count
+from gatelens.errors import (
+    MODEL_FLAGS,
+    RUN_FLAGS,
+    GatelensError,
+    positive_int,
+    refuse_other_sources,
+    windows_count,
+)
+from gatelens.lens.device import DEVICES
 
 __all__ = ["add_patch", "cmd_patch"]
 
@@ -60,7 +68,7 @@ def add_patch(sub) -> None:
                    help="skip attribution patching (the gradient estimate)")
     p.add_argument("--out", metavar="DIR", help="output directory (default RUN/patch, or "
                    "DIR/patch with --model)")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
+    p.add_argument("--device", choices=DEVICES, default=None,
                    help="where the model runs: cpu (default), cuda, or auto")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
 
@@ -146,11 +154,10 @@ def cmd_patch(args) -> int:
 
     if (args.run is None) == (args.model is None):
         raise GatelensError("patch: give a run directory or --model DIR; one of them")
+    refuse_other_sources("patch", args, "run" if args.model is None else "model",
+                         {"run": RUN_FLAGS, "model": MODEL_FLAGS})
     if args.model is not None:
         return _patch_model(args)
-    if args.trust_remote_code:
-        raise GatelensError("patch: --trust-remote-code applies to --model DIR, not to a run "
-                            "directory; leave it out")
     if not Path(args.run).is_dir():
         raise GatelensError(f"{args.run}: no such run directory")
     out = check_out_dir(args.out if args.out is not None else Path(args.run) / "patch")
@@ -186,13 +193,10 @@ def _patch_model(args) -> int:
     corrupted texts of as many tokens, or token windows with one token replaced)."""
     import gatelens
     from gatelens.analysis.perturbation import perturb_windows
-    from gatelens.io import check_out_dir, read_utf8
-    from gatelens.loaders.hf_analyze import default_text
+    from gatelens.io import check_out_dir
+    from gatelens.loaders.hf_analyze import model_text
     from gatelens.loaders.hf_dir import load_hf
 
-    if args.checkpoint is not None:
-        raise GatelensError("patch: --checkpoint applies to a run directory, not to --model "
-                            "DIR; leave it out")
     hf = load_hf(args.model, trust_remote_code=args.trust_remote_code)
     out = check_out_dir(args.out if args.out is not None else hf.directory / "patch")
     lens = gatelens.Lens(hf.model, vocab=hf.tokens(), unit="tokens", device=args.device)
@@ -207,7 +211,7 @@ def _patch_model(args) -> int:
                                 f"{corrupt.shape[1]}; they must be as many, and not none")
         inputs = {"clean": args.clean, "corrupt": args.corrupt, "source": "--clean / --corrupt"}
     else:
-        raw, where = (read_utf8(args.text), str(args.text)) if args.text else default_text()
+        raw, where = model_text(args.text)
         clean = hf.windows(raw, args.windows, args.length, where=where)
         if not 0 <= args.perturb_pos < clean.shape[1]:
             raise GatelensError(f"--perturb-pos {args.perturb_pos} is outside windows of "

@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING
 
 from gatelens.analysis.settings import DEFAULTS, AnalysisSettings
 from gatelens.errors import (
+    MODEL_FLAGS,
+    RUN_FLAGS,
     CheckFailed,
     GatelensError,
     exponents_count,
     positive_int,
+    refuse_other_sources,
     windows_count,
 )
 from gatelens.lens.device import DEVICES
@@ -130,13 +133,12 @@ def _several(result: LensResult) -> int:
 #: the flags of ``gatelens analyze`` that belong to one source of a model (the attribute and
 #: the flag), so that one given with another source is refused instead of left unread
 SOURCE_FLAGS = {
-    "run": [("checkpoint", "--checkpoint")],
-    "weights": [(a, "--" + a.replace("_", "-")) for a in (
+    "run": RUN_FLAGS,
+    "weights": tuple((a, "--" + a.replace("_", "-")) for a in (
         "vocab", "cell", "prefix", "hidden", "embed_tensor", "head", "nonlinearity",
-        "recurrent_activation")],
-    "model": [("modules", "--modules"), ("trust_remote_code", "--trust-remote-code")],
+        "recurrent_activation")),
+    "model": MODEL_FLAGS,
 }
-SOURCE_WORDS = {"run": "a run directory", "weights": "--weights FILE", "model": "--model DIR"}
 
 
 def _check_source_flags(args: argparse.Namespace) -> None:
@@ -151,10 +153,4 @@ def _check_source_flags(args: argparse.Namespace) -> None:
         if args.modules is not None:
             raise GatelensError("analyze: --layers and --modules say the same; give one")
         args.modules, args.layers = ([layers] if isinstance(layers, int) else layers), None
-    for source, flags in SOURCE_FLAGS.items():
-        if source == given:
-            continue
-        for attr, flag in flags:
-            if getattr(args, attr, None) not in (None, False):
-                raise GatelensError(f"analyze: {flag} applies to {SOURCE_WORDS[source]}, not "
-                                    f"to {SOURCE_WORDS[given]}; leave it out")
+    refuse_other_sources("analyze", args, given, SOURCE_FLAGS)

@@ -60,13 +60,13 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
                device: str | None = None) -> Analysis | LensResult:
     """Analyse a Hugging Face checkpoint (an :class:`HFModel`, or its directory) on the
     first token windows of a UTF-8 text file (None: the built-in corpus's validation split,
-    ``default_text``). Each recurrent module ``layers`` picks (default: every one) is
+    ``model_text``). Each recurrent module ``layers`` picks (default: every one) is
     measured. One module: OUT/report.json, report.md, plots and report.html, as ``analyze``
     writes a run's, and its ``Analysis``; several: OUT/<module path>/ each and
     OUT/index.html, as ``Lens.analyze`` writes, and the ``LensResult``. OUT: ``out``, else
     DIR/analysis (as a run's is RUN/analysis). ``device``: as ``Lens`` takes it."""
     from gatelens.analysis.measure import check_perturb_pos
-    from gatelens.io import check_out_dir, read_utf8
+    from gatelens.io import check_out_dir
     from gatelens.lens.lens import Lens, LensResult
     from gatelens.report.write import write_analysis
 
@@ -74,7 +74,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     hf = model if isinstance(model, HFModel) else load_hf(model,
                                                           trust_remote_code=trust_remote_code)
     dest = check_out_dir(hf.directory / "analysis" if out is None else out)
-    raw, where = (read_utf8(text), str(text)) if text is not None else default_text()
+    raw, where = model_text(text)
     every = hf.encode(raw)  # (N,)
     ids = token_windows(every, windows, length, where=where)  # (B, T)
     # the tokenizer makes the unit tokens: the replacement drawn from the tokens that
@@ -97,12 +97,15 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     return LensResult.written(analyses, dest)
 
 
-def default_text() -> tuple[str, str]:
-    """The text ``--model`` reads without ``--text``: the built-in corpus's validation split
-    (the last 10 % of the shakespeare corpus, what a run is analysed on by default), and
-    its name."""
+def model_text(text: str | os.PathLike | None) -> tuple[str, str]:
+    """The text a checkpoint is read on (``analyze --model``, ``patch --model``), and its
+    name: the UTF-8 file ``text``, else the built-in corpus's validation split (the last
+    10 % of the shakespeare corpus, what a run is analysed on by default)."""
+    from gatelens.io import read_utf8
     from gatelens.training.corpus import load_corpus, split
 
+    if text is not None:
+        return read_utf8(text), str(text)
     corpus = load_corpus("shakespeare")
     return split(corpus.text)[1], f"the built-in corpus {corpus.name} (validation split)"
 

@@ -10,7 +10,15 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gatelens.analysis.settings import DEFAULTS
-from gatelens.errors import CheckFailed, GatelensError, nonnegative_float, positive_int
+from gatelens.errors import (
+    MODEL_FLAGS,
+    RUN_FLAGS,
+    CheckFailed,
+    GatelensError,
+    nonnegative_float,
+    positive_int,
+    refuse_other_sources,
+)
 from gatelens.families.spec import layer_name
 from gatelens.lens.device import DEVICES, on, placed
 
@@ -56,12 +64,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if (args.run is None) == (args.model is None):
         raise GatelensError("verify: give a run directory or --model DIR; one of them")
+    refuse_other_sources("verify", args, "run" if args.model is None else "model",
+                         {"run": RUN_FLAGS, "model": MODEL_FLAGS})
     if args.model is not None:
         return _verify_model(args)
-    for attr, flag in (("modules", "--modules"), ("trust_remote_code", "--trust-remote-code")):
-        if getattr(args, attr):
-            raise GatelensError(f"verify: {flag} applies to --model DIR, not to a run "
-                                "directory; leave it out")
     run = load_run(args.run, args.checkpoint or "best")
     ids, source = run.windows(args.windows or DEFAULTS.windows, args.length, args.text)
     dev = placed(run.model, args.device)
@@ -97,9 +103,6 @@ def _verify_model(args: argparse.Namespace) -> int:
     from gatelens.loaders.hf_verify import verify_hf
     from gatelens.readout.select import as_flag
 
-    if args.checkpoint is not None:
-        raise GatelensError("verify: --checkpoint applies to a run directory, not to --model "
-                            "DIR; leave it out")
     if args.text is None:
         raise GatelensError(f"{args.model}: --model needs --text FILE (the text to read, as "
                             "its tokens)")
