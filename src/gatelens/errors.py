@@ -234,3 +234,15 @@ def refuse_other_sources(command: str, args: object, given: str,
             if getattr(args, attr, None) not in (None, False):
                 raise GatelensError(f"{command}: {flag} applies to {SOURCE_WORDS[source]}, "
                                     f"not to {SOURCE_WORDS[given]}; leave it out")
+
+
+def run_or_model(command: str, args: object) -> str:
+    """"run" or "model": which of a run directory (``args.run``) and ``--model DIR`` a
+    command that takes either was given (exactly one, else one line), a flag of the other
+    refused (``refuse_other_sources``)."""
+    run, model = getattr(args, "run", None), getattr(args, "model", None)
+    if (run is None) == (model is None):
+        raise GatelensError(f"{command}: give a run directory or --model DIR; one of them")
+    given = "run" if model is None else "model"
+    refuse_other_sources(command, args, given, {"run": RUN_FLAGS, "model": MODEL_FLAGS})
+    return given

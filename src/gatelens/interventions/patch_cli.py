@@ -15,11 +15,9 @@ from __future__ import annotations
 import sys
 
 from gatelens.errors import (
-    MODEL_FLAGS,
-    RUN_FLAGS,
     GatelensError,
     positive_int,
-    refuse_other_sources,
+    run_or_model,
     windows_count,
 )
 from gatelens.lens.device import DEVICES
@@ -152,11 +150,7 @@ def cmd_patch(args) -> int:
     from gatelens.io import check_out_dir
     from gatelens.lens.run import load_run
 
-    if (args.run is None) == (args.model is None):
-        raise GatelensError("patch: give a run directory or --model DIR; one of them")
-    refuse_other_sources("patch", args, "run" if args.model is None else "model",
-                         {"run": RUN_FLAGS, "model": MODEL_FLAGS})
-    if args.model is not None:
+    if run_or_model("patch", args) == "model":
         return _patch_model(args)
     if not Path(args.run).is_dir():
         raise GatelensError(f"{args.run}: no such run directory")

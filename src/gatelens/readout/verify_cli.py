@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING
 
 from gatelens.analysis.settings import DEFAULTS
 from gatelens.errors import (
-    MODEL_FLAGS,
-    RUN_FLAGS,
     CheckFailed,
     GatelensError,
     nonnegative_float,
     positive_int,
-    refuse_other_sources,
+    run_or_model,
 )
 from gatelens.families.spec import layer_name
 from gatelens.lens.device import DEVICES, on, placed
@@ -62,11 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from gatelens.lens.run import load_run
     from gatelens.readout.verify import verify
 
-    if (args.run is None) == (args.model is None):
-        raise GatelensError("verify: give a run directory or --model DIR; one of them")
-    refuse_other_sources("verify", args, "run" if args.model is None else "model",
-                         {"run": RUN_FLAGS, "model": MODEL_FLAGS})
-    if args.model is not None:
+    if run_or_model("verify", args) == "model":
         return _verify_model(args)
     run = load_run(args.run, args.checkpoint or "best")
     ids, source = run.windows(args.windows or DEFAULTS.windows, args.length, args.text)
