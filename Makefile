@@ -45,6 +45,7 @@ bench: install
 	$(PY) benchmarks/bench_real_size.py --layers 2 --windows 2
 	$(PY) benchmarks/bench_qr.py
 	$(PY) benchmarks/bench_xlstm_stack.py
+	$(PY) benchmarks/bench_verify_model.py
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache

@@ -19,6 +19,7 @@ import torch
 import transformers
 
 from gatelens.cli import main
+from gatelens.errors import GatelensError
 from gatelens.families.hf_gated_deltanet import HFGatedDeltaNetFamily
 from gatelens.loaders.hf_verify import verify_modules
 from gatelens.readout.verify import verify
@@ -76,6 +77,36 @@ def test_the_figures_are_verify_s_on_what_each_module_received():
     alone = verify(model.backbone, ids)
     assert path == "backbone" and res.passed and len(res.layers) == 2
     assert res.to_dict() == alone.to_dict()
+
+
+def test_one_forward_catches_every_module_s_input(hybrid):
+    """``Lens.capture`` reads what each recurrent module received from one forward of the
+    whole model, the same tensors ``runner(path)`` catches from a forward of its own; and
+    ``verify_modules`` runs the model once for all its modules (a stack of L recurrent
+    layers is one forward, not L), giving each the verdict ``verify`` gives it alone."""
+    from gatelens import Lens
+
+    d, _ = hybrid
+    model = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12),
+                        generator=torch.Generator().manual_seed(2))
+    lens = Lens(model, vocab=model.config.vocab_size)
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    seen = lens.capture(ids)
+    assert list(seen) == PATHS and len(forwards) == 1
+    for path in PATHS:
+        alone = lens.runner(path)(ids)
+        assert torch.equal(seen[path].inputs, alone.inputs)
+        assert torch.equal(seen[path].logits, alone.logits)
+    forwards.clear()
+    results = dict(verify_modules(model, ids))
+    assert len(forwards) == 1 and list(results) == PATHS
+    for path in PATHS:
+        alone = verify(lens.families[path].module, seen[path].inputs, seen[path].state)
+        assert results[path].to_dict() == alone.to_dict()
+    with pytest.raises(GatelensError, match="'model.layers.1.linear_attn' is not a recurrent"):
+        lens.capture(ids, ["model.layers.1.linear_attn"])
 
 
 def test_a_wrong_read_out_in_one_module_exits_1_naming_it(hybrid, capsys, monkeypatch):
@@ -142,6 +173,21 @@ def test_analyze_measures_every_recurrent_module_or_those_picked(hybrid, tmp_pat
         assert json.loads((one / "report.json").read_text()) == reps[PATHS[1]]
     assert one_line(capsys, [*base, "--layers", "0", "--modules", "1"]).endswith(
         "analyze: --layers and --modules say the same; give one")
+
+
+def test_analyze_of_several_modules_says_each_and_the_time_left(hybrid, tmp_path, capsys):
+    """Without --quiet, a line names each module before it is measured and, after it, its
+    time and the modules left at that rate (analysis/estimate.py ``each_module``)."""
+    d, text = hybrid
+    assert main(["analyze", "--model", str(d), "--text", str(text), "--windows", "2",
+                 "--length", "16", "--perturb-pos", "4", "--exponents", "2",
+                 "--out", str(tmp_path / "a")]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("gatelens analyze: model.")]
+    assert [ln.split(" (")[0] for ln in lines[::2]] == [f"gatelens analyze: {p}" for p in PATHS]
+    assert lines[0].endswith("(module 1 of 2)") and lines[2].endswith("(module 2 of 2)")
+    assert " took " in lines[1] and "; the 1 module left ≈ " in lines[1]
+    assert "; all 2 took " in lines[3]
 
 
 def test_analyze_model_defaults_to_the_built_in_corpus_and_dir_analysis(

@@ -143,6 +143,40 @@ def test_encoder_decoder_decoder_sees_the_encoder_state() -> None:
     assert all(r["verification"]["passed"] for r in result.reports.values())
 
 
+@pytest.mark.parametrize("steps", [False, True])
+def test_capture_reads_every_module_from_one_forward(steps, capsys) -> None:
+    """``Lens.capture``: the encoder's input and the decoder's (its initial state the
+    encoder's final one; a decoder stepped in a loop stitched into one trajectory) from one
+    forward, the same as each module's own runner; ``analyze(progress=True)`` names each
+    module as it is measured."""
+    torch.manual_seed(1)
+    model = EncDec(steps)
+    lens = gatelens.Lens(model, vocab=CHARS)
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    seen = lens.capture(windows())
+    assert sorted(seen) == ["decoder", "encoder"] and len(forwards) == 1
+    for path, got in seen.items():
+        alone = lens.runner(path)(windows())
+        assert torch.equal(got.logits, alone.logits)
+        if steps and path == "decoder":  # a stitched trajectory: its steps' inputs and state
+            assert torch.equal(got.inputs.inputs, alone.inputs.inputs)
+            assert all(torch.equal(a, b) for a, b in zip(got.inputs.state, alone.inputs.state,
+                                                          strict=True))
+            assert all(torch.equal(a, b) for a, b in zip(got.inputs.steps, alone.inputs.steps,
+                                                          strict=True))
+        else:
+            assert torch.equal(got.inputs, alone.inputs)
+            assert (got.state is None) == (alone.state is None)
+            assert got.state is None or torch.equal(got.state, alone.state)
+    if not steps:
+        assert torch.equal(seen["decoder"].state, seen_by(model, model.decoder, windows())[1])
+        lens.analyze(windows(), perturb_pos=4, exponents=0, progress=True)
+        err = capsys.readouterr().err
+        assert "gatelens analyze: encoder (module 1 of 2)" in err
+        assert "gatelens analyze: decoder (module 2 of 2)" in err
+
+
 def test_bidirectional_packed_classifier() -> None:
     torch.manual_seed(2)
     model = BiClassifier()

@@ -9,6 +9,20 @@ gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s
 >>> print(time_line(first=2.0, windows=64, step=16, peak=3 * 2**29))
 gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s; peak resident memory so far 1.5 GiB
 
+Several modules (a hybrid's recurrent layers) are measured one after another
+(``each_module``): a line names each before it starts, and once it is done, the time it
+took and what the modules left will take at that rate.
+
+>>> import io
+>>> log = io.StringIO()
+>>> for path in each_module(["a", "b"], True, stream=log, clock=iter([0, 3, 3, 6]).__next__):
+...     pass
+>>> print(log.getvalue().strip())
+gatelens analyze: a (module 1 of 2)
+gatelens analyze: a took 3.0 s; the 1 module left ≈ 3.0 s
+gatelens analyze: b (module 2 of 2)
+gatelens analyze: b took 3.0 s; all 2 took 6.0 s
+
 Two counts, for two purposes. The chunk size (``chunk_bytes``) is a rule of thumb counted
 per coordinate of the carried state, known before anything runs; it over-counts a state
 kept per head, so it never puts more windows in a chunk than the state allows. The line
@@ -22,9 +36,12 @@ after the first chunk is the process's own, measured.
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TextIO
 
-__all__ = ["HELD_PER_LAYER", "HELD_PER_TRACE", "chunk_bytes", "peak_resident", "plan_line",
-           "time_line", "working_bytes"]
+__all__ = ["HELD_PER_LAYER", "HELD_PER_TRACE", "chunk_bytes", "each_module", "peak_resident",
+           "plan_line", "time_line", "working_bytes"]
 
 #: bytes a window costs, per character and unit of the carried state, in float32 units:
 #: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
@@ -92,6 +109,33 @@ def time_line(*, first: float, windows: int, step: int, peak: int | None = None)
     took = f"gatelens analyze: the first chunk took {first:.1f} s; all {n} ≈ "
     line = took + (f"{total:.1f} s" if total < 120 else f"{total / 60:.1f} min")
     return line if peak is None else f"{line}; peak resident memory so far {peak / 2**30:.1f} GiB"
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def each_module(paths: Sequence[str], progress: bool, *, stream: TextIO | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> Iterator[str]:
+    """``paths`` one by one, the modules an analysis measures; with ``progress`` and more
+    than one, a line before each (its path, its place) and one after it (its time, and the
+    modules left at the mean time a module has taken so far)."""
+    n = len(paths)
+    if not progress or n < 2:
+        yield from paths
+        return
+    out = sys.stderr if stream is None else stream
+    start = None
+    for i, path in enumerate(paths, 1):
+        print(f"gatelens analyze: {path} (module {i} of {n})", file=out, flush=True)
+        t0 = clock()
+        start = t0 if start is None else start
+        yield path
+        now = clock()
+        left = n - i
+        rest = (f"the {left} module{'s' * (left > 1)} left ≈ {_took((now - start) / i * left)}"
+                if left else f"all {n} took {_took(now - start)}")
+        print(f"gatelens analyze: {path} took {_took(now - t0)}; {rest}", file=out, flush=True)
 
 
 def peak_resident() -> int | None:

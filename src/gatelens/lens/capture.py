@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from gatelens.errors import GatelensError
+from gatelens.families.base import Family
 from gatelens.readout.stitch import Stitcher
 
 
@@ -60,6 +61,25 @@ def one_trajectory(steps: Stitcher, calls: list, name: str, length: int) -> Any:
             f"{name}: its stitched trajectory has {recs[0].length} steps but the windows "
             f"{length}; the measurements read the trajectory by window position")
     return recs[0]
+
+
+def received(fam: Family, calls: list, steps: Stitcher, name: str,
+             length: int) -> tuple[Any, Any]:
+    """(inputs, initial state) a module received in one forward, from its hook's ``calls``
+    ((args, kwargs) split by its family) and ``steps`` (the calls of one step): one call on
+    the whole sequence (a packed batch unpacked), or calls of one step stitched into one
+    trajectory (then the trajectory and None); a module called more than once otherwise is
+    a one-line GatelensError."""
+    if steps.calls and (len(calls) > 1 or fam.stepped):
+        return one_trajectory(steps, calls, name, length), None
+    if len(calls) != 1:
+        raise GatelensError(
+            f"{name} ran {len(calls)} times in one forward; Lens measures modules that read "
+            "the whole sequence in one call, or one step a call with the state handed back")
+    inputs, hx = calls[0]
+    if isinstance(inputs, PackedSequence):
+        inputs = unpack_equal(inputs, length, fam.module.batch_first)
+    return inputs, hx
 
 
 def rows(model: nn.Module) -> int | None:

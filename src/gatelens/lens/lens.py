@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
 
+from gatelens.analysis.estimate import each_module
 from gatelens.analysis.settings import AnalysisSettings
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
 from gatelens.families.registry import family_of
 from gatelens.families.torch_ops import as_computed
 from gatelens.families.unopened import nothing_opened
-from gatelens.lens.capture import names_a_file, one_trajectory, rows, unpack_equal
+from gatelens.lens.capture import names_a_file, received, rows
 from gatelens.lens.device import on, placed
 from gatelens.lens.logits import (
     find_logits,
@@ -219,46 +219,80 @@ class Lens:
         """
         return self._runner(self.model, self.families[path], path)
 
-    def _runner(self, model: nn.Module, fam: Family, path: str) -> Runner:
-        from gatelens.analysis.measure import Captured
+    def capture(self, ids: Tensor, paths: Sequence[str] | None = None) -> dict[str, Captured]:
+        """What each module at ``paths`` (default: every one) received when the whole model
+        read ``ids`` (B, T) once, by path: ``runner(path)(ids)`` for all of them from one
+        forward (the logits are that forward's, shared).
 
-        module = fam.module
-        name = path or type(model).__name__
+        >>> import torch
+        >>> class Two(torch.nn.Module):  # two GRUs, one after the other
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.emb = torch.nn.Embedding(3, 4)
+        ...         self.a = torch.nn.GRU(4, 5, batch_first=True)
+        ...         self.b = torch.nn.GRU(5, 5, batch_first=True)
+        ...     def forward(self, ids):
+        ...         return self.b(self.a(self.emb(ids))[0])[0]
+        >>> seen = Lens(Two(), vocab=3).capture(torch.tensor([[0, 1, 2, 1]]))
+        >>> {path: tuple(cap.inputs.shape) for path, cap in seen.items()}
+        {'a': (1, 4, 4), 'b': (1, 4, 5)}
+        """
+        paths = list(self.families) if paths is None else list(paths)
+        unknown = [path for path in paths if path not in self.families]
+        if unknown:
+            raise GatelensError(f"Lens.capture: {unknown[0]!r} is not a recurrent module of "
+                                f"this model (its modules: {', '.join(self.families)})")
+        fams = {path: self.families[path] for path in paths}
+        return self._capturer(self.model, fams)(on(ids, self.device))
+
+    def _runner(self, model: nn.Module, fam: Family, path: str) -> Runner:
+        capture = self._capturer(model, {path: fam})
 
         def run(ids: Tensor) -> Captured:
-            refuse_global_hooks(f"Lens: {name}", type(module).__name__)
-            calls: list[tuple[Any, Any]] = []
-            steps = Stitcher(fam)
+            return capture(ids)[path]
 
-            def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-                if in_family_call():  # an edited call's family running its module itself
-                    return
-                calls.append(fam.split_call(args, kwargs))
-                if is_step_call(fam, calls[-1][0]):
-                    steps.add(*calls[-1], output)
+        for attr in ("logit_notes", "logits_at", "pad_to"):  # read by Lens.measure, context
+            setattr(run, attr, getattr(capture, attr))
+        return run
 
-            handle = module.register_forward_hook(mark(hook), with_kwargs=True)
+    def _capturer(self, model: nn.Module, fams: dict[str, Family]) -> Any:
+        """ids (B, T) -> {path: what that module received} from one forward of ``model``
+        (``runner``'s rules for each), with ``logit_notes``, ``logits_at`` and ``pad_to``
+        as attributes."""
+        from gatelens.analysis.measure import Captured
+
+        def run(ids: Tensor) -> dict[str, Captured]:
+            calls: dict[str, list[tuple[Any, Any]]] = {path: [] for path in fams}
+            steps = {path: Stitcher(fam) for path, fam in fams.items()}
+            for path, fam in fams.items():  # before any hook is placed
+                refuse_global_hooks(f"Lens: {path or type(model).__name__}",
+                                    type(fam.module).__name__)
+            handles = [fam.module.register_forward_hook(
+                mark(hook_of(fam, calls[path], steps[path])), with_kwargs=True)
+                for path, fam in fams.items()]
             flags = {m: m.training for m in model.modules()}
             try:
                 model.eval()
                 with torch.no_grad(), recurrent_outputs(self.families.values()) as seen:
                     out = self._forward(model, ids)
             finally:
-                handle.remove()
+                for handle in handles:
+                    handle.remove()
                 for m, flag in flags.items():
                     m.training = flag
-            if steps.calls and (len(calls) > 1 or fam.stepped):
-                rec = one_trajectory(steps, calls, name, int(ids.shape[1]))
-                return Captured(rec, None, logits_of(out, seen, ids))
-            if len(calls) != 1:
-                raise GatelensError(
-                    f"{name} ran {len(calls)} times in one forward; Lens measures modules "
-                    "that read the whole sequence in one call, or one step a call with "
-                    "the state handed back")
-            inputs, hx = calls[0]
-            if isinstance(inputs, PackedSequence):
-                inputs = unpack_equal(inputs, ids.shape[1], module.batch_first)
-            return Captured(inputs, hx, logits_of(out, seen, ids))
+            got = {path: received(fam, calls[path], steps[path], path or type(model).__name__,
+                                  int(ids.shape[1])) for path, fam in fams.items()}
+            logits = logits_of(out, seen, ids)
+            return {path: Captured(*parts, logits) for path, parts in got.items()}
+
+        def hook_of(fam: Family, calls: list, steps: Stitcher) -> Callable[..., None]:
+            def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+                if in_family_call():  # an edited call's family running its module itself
+                    return
+                calls.append(fam.split_call(args, kwargs))
+                if is_step_call(fam, calls[-1][0]):
+                    steps.add(*calls[-1], output)
+            return hook
 
         def logits_of(out: Any, seen: list[Tensor], ids: Tensor) -> Tensor | None:
             found = find_logits(out, int(ids.shape[0]), int(ids.shape[1]), self._vocab_size(),
@@ -274,7 +308,6 @@ class Lens:
             model, self._vocab_size())
         run.pad_to = pads_to(model)  # type: ignore[attr-defined]
         return run
-
 
     def _vocab_size(self) -> int | None:
         """V the logits must have: the vocabulary's size (None: not known, any V)."""
@@ -360,7 +393,8 @@ class Lens:
         s = AnalysisSettings.build(settings, **options)
         ids, chars, source = self.windows(text_or_ids, s.windows, s.length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
+        paths = select_paths(list(self.families), layers)
         analyses = {path: self.measure(path, ids, chars, s, text=text, chunk=chunk,
                                        progress=progress)
-                    for path in select_paths(list(self.families), layers)}
+                    for path in each_module(paths, progress)}
         return LensResult.written(analyses, out)

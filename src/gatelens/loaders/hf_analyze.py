@@ -65,6 +65,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     writes a run's, and its ``Analysis``; several: OUT/<module path>/ each and
     OUT/index.html, as ``Lens.analyze`` writes, and the ``LensResult``. OUT: ``out``, else
     DIR/analysis (as a run's is RUN/analysis). ``device``: as ``Lens`` takes it."""
+    from gatelens.analysis.estimate import each_module
     from gatelens.analysis.measure import check_perturb_pos
     from gatelens.io import check_out_dir
     from gatelens.lens.lens import Lens, LensResult
@@ -91,7 +92,7 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
         model={**lens.describe(path), "checkpoint": str(hf.directory),
                "model_type": hf.model_type, "notes": list(hf.notes)},
         text={"windows": int(ids.shape[0]), "length": length, "source": source})
-        for path in paths}
+        for path in each_module(paths, progress)}
     if len(analyses) == 1:
         return write_analysis(next(iter(analyses.values())), dest)
     return LensResult.written(analyses, dest)

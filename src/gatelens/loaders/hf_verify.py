@@ -5,7 +5,9 @@ The text is tokenised once by the directory's tokenizer and cut into its first W
 LENGTH-token windows; the whole model reads them, and each recurrent module (or those
 ``layers`` picks: readout/select.py) is verified on what it received
 (``gatelens.verify``: the one-step error, the verdict, and the free-running divergence),
-one module after another, so only one module's states are held at a time.
+one module after another, so only one module's states are held at a time. The model reads
+the windows once (``Lens.capture``): every module's input and initial state are caught in
+that one forward, so a stack of L recurrent layers costs one whole forward, not L.
 
 >>> import torch, transformers as tf
 >>> from gatelens.loaders.hf_dir import HFModel
@@ -43,9 +45,10 @@ def verify_modules(model: nn.Module, ids: Tensor, layers: Selection = None,
     paths = select_paths(list(lens.families), layers)  # a bad pick: before any work
 
     def each() -> Iterator[tuple[str, VerifyResult]]:
+        seen = lens.capture(ids, paths)  # one forward: every module's input, held together
         for path in paths:
-            seen = lens.runner(path)(ids)
-            yield path, verify(lens.families[path].module, seen.inputs, seen.state, tol=tol)
+            got = seen.pop(path)  # each input dropped once its module is verified
+            yield path, verify(lens.families[path].module, got.inputs, got.state, tol=tol)
 
     return each()
 
