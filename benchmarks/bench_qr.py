@@ -1,5 +1,5 @@
 """The spectrum's re-orthonormalisation at real state sizes: Householder's QR
-(``torch.linalg.qr``) against ``gatelens.analysis.spectrum.orthonormalise`` (CholeskyQR2,
+(``torch.linalg.qr``) against ``gatelens.analysis.qr.orthonormalise`` (CholeskyQR2,
 Householder where a frame is ill-conditioned), one (1, S, k) float64 frame whose columns
 span six decades, best of 3 in the same process. Prints one JSON line per size.
 
@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from gatelens.analysis.spectrum import orthonormalise
+from gatelens.analysis.qr import orthonormalise
 from timing import best_of
 
 #: 2 Mamba layers; 4 (the auto rule's k at that size); one Mamba-2 layer; 24 Mamba layers;

@@ -45,8 +45,33 @@ def test_the_lines_before_and_after_the_first_chunk(capsys):
     assert 0.05 < peak <= peak_resident() / 2**30 + 0.05
     # its own rule: total = first × 5 / 2, both printed to 0.1 s (first's rounding × 2.5)
     assert abs(total - first * 5 / 2) <= 0.05 * 5 / 2 + 0.05 + 1e-9
+    assert not any(" so far)" in line for line in err)  # several chunks: the bar says it
     measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=0, progress=False)
     assert capsys.readouterr().err == ""  # nothing said without progress
+
+
+def test_one_chunk_says_each_stage_and_the_spectrum_s_steps(capsys, monkeypatch):
+    """With one chunk there is no bar over the windows: each stage says its time when it is
+    done, in order, and the Lyapunov spectrum (the longest) its steps' rate and ETA, once it
+    has run 5 s (made to look so here)."""
+    from gatelens.progress import Progress
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
+    ids = torch.randint(0, 4, (3, 24))
+    run = encoder_runner(lambda i: torch.nn.functional.one_hot(i, 4).float())
+    monkeypatch.setattr(Progress, "elapsed", property(lambda self: 6.0))
+    measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=4, progress=True)
+    err = capsys.readouterr().err.splitlines()
+    done = [line.split(" took ")[0].removeprefix("gatelens analyze: ") for line in err
+            if " so far)" in line]
+    assert done == ["trace", "divergence rate", "verification", "Lyapunov spectrum",
+                    "context used", "gate, unit and perturbation figures"]
+    steps = [line for line in err if line.startswith("gatelens analyze: spectrum (4 exponents)")]
+    # 24 steps on each of 3 windows, all at once: a line every 3 steps
+    assert len(steps) == 8 and steps[-1].split(": ")[2].startswith("24/24 (100%)")
+    assert all("ETA" in line for line in steps)
+    assert err.index(steps[-1]) < next(i for i, ln in enumerate(err) if "Lyapunov" in ln)
 
 
 def test_the_chunk_rule_is_the_estimates():

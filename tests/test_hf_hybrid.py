@@ -165,6 +165,8 @@ def test_analyze_measures_every_recurrent_module_or_those_picked(hybrid, tmp_pat
     assert [r["model"]["path"] for r in reps.values()] == PATHS
     assert all(r["model"]["unit"] == "tokens" and r["verification"]["passed"]
                for r in reps.values())
+    # the context used is the whole model's: measured once, the same in each report
+    assert reps[PATHS[0]]["context"] == reps[PATHS[1]]["context"]
     # one picked (--layers, DESIGN's spelling, or --modules): written as a run's analysis is
     for flag in ("--layers", "--modules"):
         one = tmp_path / flag.strip("-")

@@ -171,10 +171,30 @@ def test_capture_reads_every_module_from_one_forward(steps, capsys) -> None:
             assert got.state is None or torch.equal(got.state, alone.state)
     if not steps:
         assert torch.equal(seen["decoder"].state, seen_by(model, model.decoder, windows())[1])
-        lens.analyze(windows(), perturb_pos=4, exponents=0, progress=True)
-        err = capsys.readouterr().err
-        assert "gatelens analyze: encoder (module 1 of 2)" in err
-        assert "gatelens analyze: decoder (module 2 of 2)" in err
+
+
+def test_analyze_names_each_module_and_measures_the_context_used_once(capsys, monkeypatch
+                                                                      ) -> None:
+    """``analyze(progress=True)`` names each module as it is measured; the context used, the
+    whole model's truncated runs, is measured for the first module and handed to the next
+    (one pass of truncated runs for two modules), the same figures as measured alone."""
+    from gatelens.analysis.context import ContextAccumulator
+
+    torch.manual_seed(1)
+    lens = gatelens.Lens(EncDec(), vocab=CHARS)
+    passes = []
+    real = ContextAccumulator.update
+    monkeypatch.setattr(ContextAccumulator, "update",
+                        lambda self, ids: (passes.append(1), real(self, ids))[1])
+    result = lens.analyze(windows(), perturb_pos=4, exponents=0, progress=True)
+    err = capsys.readouterr().err
+    assert "gatelens analyze: encoder (module 1 of 2)" in err
+    assert "gatelens analyze: decoder (module 2 of 2)" in err
+    assert len(passes) == 1
+    enc, dec = (result.reports[p]["context"] for p in ("encoder", "decoder"))
+    alone = lens.measure("decoder", windows(), CHARS, perturb_pos=4, exponents=0)
+    assert enc == dec and len(passes) == 2
+    assert alone.context.to_dict().items() <= dec.items()  # dec: its words beside them
 
 
 def test_bidirectional_packed_classifier() -> None:

@@ -283,7 +283,7 @@ def test_orthonormalise_is_householder_qr_at_any_condition(cond, monkeypatch):
     """CholeskyQR2 where V is well conditioned, Householder where it is not (a Gram matrix
     that squares a condition number of 1e12 is singular in float64): the same |R_ii| and an
     orthonormal Q that spans V's columns either way."""
-    from gatelens.analysis.spectrum import orthonormalise
+    from gatelens.analysis.qr import orthonormalise
 
     gen = torch.Generator().manual_seed(3)
     V = torch.randn(2, 5000, 12, generator=gen, dtype=torch.float64)
@@ -306,20 +306,20 @@ def test_the_right_solve_is_the_triangular_solve(S) -> None:
     """Q U⁻¹ by U's inverse and one GEMM (a tall frame) or by the solve (a square one): the
     triangular solve's values to float64 rounding, with U as ill-conditioned as a first
     CholeskyQR pass meets (1e6)."""
-    from gatelens.analysis.spectrum import _right_solve
+    from gatelens.analysis.qr import right_solve
 
     gen = torch.Generator().manual_seed(4)
     U = torch.linalg.qr(torch.randn(2, 8, 8, generator=gen, dtype=torch.float64))[1]
     U = U * torch.logspace(0, -6, 8, dtype=torch.float64)[:, None]
     Q = torch.randn(2, S, 8, generator=gen, dtype=torch.float64)
     want = torch.linalg.solve_triangular(U, Q, upper=True, left=False)
-    got = _right_solve(Q, U)
+    got = right_solve(Q, U)
     assert float(((got - want).abs() / want.abs().amax(dim=1, keepdim=True)).max()) < 1e-10
     assert torch.allclose(got @ U, Q, rtol=0, atol=1e-9)
 
 
 def test_orthonormalise_takes_a_rank_deficient_frame():
-    from gatelens.analysis.spectrum import orthonormalise
+    from gatelens.analysis.qr import orthonormalise
 
     V = torch.randn(1, 300, 4, dtype=torch.float64)
     V[..., 2] = 0.0  # a tangent the step killed: Cholesky fails, Householder goes on
@@ -363,7 +363,7 @@ def test_a_frame_handed_over_is_dropped_once_read(dynamics_of, monkeypatch) -> N
     held = [V]
     del V
     monkeypatch.setattr(torch.linalg, "solve_triangular", watched)
-    Q, r = spectrum._orthonormalise(held)
+    Q, r = spectrum.orthonormalise_held(held)
     assert held == [] and seen == [True, False]  # V read by the first pass only
     monkeypatch.setattr(torch.linalg, "solve_triangular", solve)
 
@@ -372,13 +372,13 @@ def test_a_frame_handed_over_is_dropped_once_read(dynamics_of, monkeypatch) -> N
     frame = torch.linalg.qr(torch.randn(2, dyn.size, 4, dtype=torch.float64))[0]
     start, alive = [frame], weakref.ref(frame)
     del frame
-    inner, gone = spectrum._orthonormalise, []
+    inner, gone = spectrum.orthonormalise_held, []
 
     def checked(h):
         gone.append(alive() is None)  # the start frame, pushed, before its image is read
         return inner(h)
 
-    monkeypatch.setattr(spectrum, "_orthonormalise", checked)
+    monkeypatch.setattr(spectrum, "orthonormalise_held", checked)
     with warnings.catch_warnings():  # forward AD's decompositions, first loaded (update's)
         warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
                                 category=DeprecationWarning)

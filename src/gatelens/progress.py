@@ -62,6 +62,11 @@ class Progress:
         print(f"{self.desc}: {self.done}/{self.total} ({pct:.0f}%), {rate:.3g} {self.unit}/s, "
               f"ETA {_clock(eta)}" + (f", {note}" if note else ""), file=self.stream, flush=True)
 
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the bar was made."""
+        return time.perf_counter() - self._start
+
     def write(self, line: str) -> None:
         """One line of its own (above the bar on a terminal), whether or not the bar shows."""
         if self.bar is not None:

@@ -33,6 +33,7 @@ class Setup:
     init_value: float  # the keep gate's starting value
     baseline: tuple[int, Family] | None  # (step, family) of the untrained model
     unit: str = "characters"  # what the model reads: characters, tokens or bytes
+    progress: bool = False  # the long stages' own bars (one chunk: no bar over the windows)
 
     @property
     def memory_windows(self) -> int:

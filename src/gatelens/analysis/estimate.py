@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
 __all__ = ["HELD_PER_LAYER", "HELD_PER_TRACE", "chunk_bytes", "each_module", "peak_resident",
-           "plan_line", "time_line", "working_bytes"]
+           "plan_line", "stage_line", "time_line", "working_bytes"]
 
 #: bytes a window costs, per character and unit of the carried state, in float32 units:
 #: the clean, perturbed and untrained traces, PyTorch's own states, the float64 split
@@ -136,6 +136,24 @@ def each_module(paths: Sequence[str], progress: bool, *, stream: TextIO | None =
         rest = (f"the {left} module{'s' * (left > 1)} left ≈ {_took((now - start) / i * left)}"
                 if left else f"all {n} took {_took(now - start)}")
         print(f"gatelens analyze: {path} took {_took(now - t0)}; {rest}", file=out, flush=True)
+
+
+def stage_line(stage: str, took: float, started: float,
+               clock: Callable[[], float] = time.perf_counter) -> str:
+    """The line a stage of a one-chunk analysis prints when it is done: its time and the
+    analysis's so far (``started``: when it began, on ``clock``).
+
+    >>> stage_line("verification", 16.04, 0.0, clock=lambda: 30.2)
+    'gatelens analyze: verification took 16.0 s (30.2 s so far)'
+    """
+    said = STAGE_WORDS.get(stage, stage.replace("_", " "))
+    return f"gatelens analyze: {said} took {_took(took)} ({_took(clock() - started)} so far)"
+
+
+#: the stages (``measure.STAGES``) as a stage line says them
+STAGE_WORDS = {"divergence": "divergence rate", "spectrum": "Lyapunov spectrum",
+               "fixed_points": "fixed points", "context": "context used",
+               "analyses": "gate, unit and perturbation figures"}
 
 
 def peak_resident() -> int | None:

@@ -19,7 +19,13 @@ from torch import Tensor, nn
 from gatelens.analysis import perturb_windows
 from gatelens.analysis.chunk import Chunk, Setup
 from gatelens.analysis.common import give_back
-from gatelens.analysis.estimate import chunk_bytes, peak_resident, plan_line, time_line
+from gatelens.analysis.estimate import (
+    chunk_bytes,
+    peak_resident,
+    plan_line,
+    stage_line,
+    time_line,
+)
 from gatelens.analysis.measurements import MEASUREMENTS
 from gatelens.analysis.result import (
     Analysis,
@@ -144,12 +150,15 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
                             "measurements follow the text forward); trace it instead")
     base = None if baseline is None else (baseline[0], open_family(baseline[1], "measure()"),
                                           baseline[2])
+    step = chunk or chunk_windows(fam, T)
+    # one chunk: no bar over the windows, so each stage says when it is done and the
+    # spectrum, the longest, has a bar over its steps
+    alone = progress and B <= step
     setup = Setup(fam, runner, B, T, s, seed, list(chars), init_value,
-                  None if base is None else base[:2], unit)
+                  None if base is None else base[:2], unit, progress=alone)
     active = [m for m in (cls.build(setup) for cls in MEASUREMENTS) if m is not None]
     for m in active:
         clock.setdefault(m.stage, 0.0)
-    step = chunk or chunk_windows(fam, T)
     kept: dict = {}
     bar = Progress(B, "gatelens analyze", unit="window", enabled=progress and B > step)
     started = time.perf_counter()
@@ -166,12 +175,16 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         if progress and b0 == 0:  # what it will cost, from the first trace (estimate.py)
             bar.write(plan_line(windows=B, length=T, step=step, per_token=_per_token(tr),
                                 module=fam.float64_bytes(), layers=fam.num_layers))
-        for m in active:
+        if alone:
+            bar.write(stage_line("trace", clock["trace"], started))
+        for i, m in enumerate(active):
             bar.note(stage=m.stage)
             t0 = time.perf_counter()
             m.update(part)
             give_back()  # what the stage freed, before the next one's peak
             clock[m.stage] += time.perf_counter() - t0
+            if alone and (i + 1 == len(active) or active[i + 1].stage != m.stage):
+                bar.write(stage_line(m.stage, clock[m.stage], started))
         kept = kept or kept_for_page(tr, tr2)
         # a chunk's traces go before the next is read (24 Mamba layers: 1.2 GB a window)
         del part, call, ref, cap, cap2, tr, tr2, base_tr

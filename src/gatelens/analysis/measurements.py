@@ -123,7 +123,8 @@ class Spectrum(Accumulator):
     def __init__(self, setup: Setup) -> None:
         s = setup.settings
         self.acc = SpectrumAccumulator(s.exponents, setup.seed, setup.burn_in,
-                                       hidden=setup.fam.hidden_size, windows=setup.memory_windows)
+                                       hidden=setup.fam.hidden_size, windows=setup.memory_windows,
+                                       progress=setup.progress)
 
     @classmethod
     def build(cls, setup: Setup) -> Spectrum | None:
@@ -161,19 +162,22 @@ class FixedPointSearch(Accumulator):
 
 
 class Context(Accumulator):
-    """The context used, by truncation, on the first ``memory_windows`` windows."""
+    """The context used, by truncation, on the first ``memory_windows`` windows: the whole
+    model's, so a runner's ``shared`` dict (Lens's, one an analysis) hands it on."""
 
     stage, report = "context", ("context",)
 
     def __init__(self, setup: Setup) -> None:
-        self.setup, self.acc = setup, None
+        self.setup, self.memo = setup, getattr(setup.runner, "shared", None)
+        self.acc = None if self.memo is None else self.memo.get("context")
+        self.reused = self.acc is not None
 
     @classmethod
     def build(cls, setup: Setup) -> Context | None:
         return cls(setup) if setup.memory_windows else None
 
     def update(self, chunk: Chunk) -> None:
-        if chunk.memory and chunk.reach_note is None:
+        if chunk.memory and chunk.reach_note is None and not self.reused:
             if self.acc is None:
                 runner = self.setup.runner
                 pad = getattr(runner, "pad_to", None)  # a padded model has its own bound
@@ -184,6 +188,8 @@ class Context(Accumulator):
             self.acc.update(chunk.windows[: chunk.memory])
 
     def result(self, found: dict) -> dict:
+        if self.memo is not None and self.acc is not None:
+            self.memo["context"] = self.acc
         return {"context": None if self.acc is None else self.acc.result()}
 
 

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from gatelens.analysis.common import finite_or_none, give_back
 from gatelens.analysis.divergence import DivergenceRate
+from gatelens.analysis.qr import orthonormalise, orthonormalise_held  # noqa: F401 - re-exported
 from gatelens.analysis.slow_modes import SLOW_EXPONENT, SlowMode, describe_slow, slow_modes
 from gatelens.analysis.spectrum_plan import (  # noqa: F401 - re-exported
     AUTO,
@@ -54,6 +55,7 @@ from gatelens.analysis.spectrum_plan import (  # noqa: F401 - re-exported
 )
 from gatelens.errors import GatelensError
 from gatelens.families.base import Dynamics
+from gatelens.progress import Progress
 
 TANGENT_CHUNK = 128  # tangent vectors per vmap call: bounds the JVP's memory, as does
 TANGENT_NUMBERS = 1 << 24  # state numbers a call (2^22 made 24 Mamba layers' spectrum 2.3×)
@@ -193,67 +195,13 @@ def _pusher(d: Dynamics, x: Tensor, prev: list[Tensor], k: int):
     return push
 
 
-def orthonormalise(V: Tensor) -> tuple[Tensor, Tensor]:
-    """Q (B, S, k) with orthonormal columns and |R_ii| (B, k) of V = Q R.
-
-    CholeskyQR2: twice, R from the Cholesky factor of VᵀV and Q = V R⁻¹, two GEMMs a pass
-    (2–3× faster than Householder at S = 58k–701k, the same |R_ii| to 1e-15); exact to
-    float64 rounding while V's condition number is below ~1e7, which the second pass's Gram
-    matrix shows (within 0.1 of I); else Householder's QR.
-
-    >>> Q, r = orthonormalise(torch.tensor([[[3.0, 1], [4, 2], [0, 2]]], dtype=torch.float64))
-    >>> [round(float(x), 9) for x in r[0]], float((Q.mT @ Q - torch.eye(2)).abs().max()) < 1e-15
-    ([5.0, 2.039607805], True)
-    """
-    return _orthonormalise([V])
-
-
-def _orthonormalise(held: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """``orthonormalise`` of the frame ``held`` hands over (the list is emptied): V is
-    dropped once the second pass's checks say Householder will not need it, so a pass holds
-    two frames, not three (24 Mamba-2 layers: 113 MB a frame)."""
-    V = held.pop()
-    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
-    Q, R = V, eye
-    for attempt in range(2):
-        G = Q.mT @ Q  # (B, k, k)
-        if attempt == 1 and float((G - eye).abs().max()) > 0.1:
-            break
-        L, info = torch.linalg.cholesky_ex(G)
-        if bool(info.any()):
-            break
-        if attempt == 1:
-            V = None  # the checks passed: Householder's fallback will not read it
-        Q = _right_solve(Q, L.mT)
-        R = L.mT @ R
-    else:
-        return Q, R.diagonal(dim1=-2, dim2=-1).abs()
-    Q, R = torch.linalg.qr(V)
-    return Q, R.diagonal(dim1=-2, dim2=-1).abs()
-
-
-def _right_solve(Q: Tensor, U: Tensor) -> Tensor:
-    """Q U⁻¹ for an upper triangular U (B, k, k): a tall Q (S ≥ 16 k) times U's inverse
-    from the k × k system, one GEMM (faster than the solve with S right-hand sides, the
-    same to float64 rounding: bench_qr.py, BENCHMARKS.md); a square Q is solved.
-
-    >>> U = torch.tensor([[[2.0, 1.0], [0.0, 4.0]]], dtype=torch.float64)
-    >>> Q = torch.arange(64.0, dtype=torch.float64).view(1, 32, 2)
-    >>> torch.allclose(_right_solve(Q, U) @ U, Q, rtol=0, atol=1e-13)
-    True
-    """
-    k = U.shape[-1]
-    if Q.shape[-2] < 16 * k:
-        return torch.linalg.solve_triangular(U, Q, upper=True, left=False)
-    eye = torch.eye(k, dtype=U.dtype, device=U.device).expand_as(U)
-    return Q @ torch.linalg.solve_triangular(U, eye, upper=True)
-
-
-def _direction(d: Dynamics, start: list[Tensor], burn_in: int, n_units: int
-               ) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+def _direction(d: Dynamics, start: list[Tensor], burn_in: int, n_units: int,
+               bar: Progress | None = None) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
     """One direction on its windows from the frames Q (B, S, k) that ``start`` hands over
     (the list is emptied): per-window exponents (B, k), ln |det J_t| (B,) when k = S, and
-    the last frame's PR (B, k) and pooled loadings summed over the windows (units, k)."""
+    the last frame's PR (B, k) and pooled loadings summed over the windows (units, k).
+    ``bar``: told of each step (its rate and ETA in a log every eighth of them, once it
+    has run 5 s)."""
     Q = start.pop()
     B, S, k = Q.shape
     n = _counted(d, burn_in)
@@ -273,11 +221,15 @@ def _direction(d: Dynamics, start: list[Tensor], burn_in: int, n_units: int
         else:
             held = [V]
             del V
-            Q, r = _orthonormalise(held)  # (B, S, k), (B, k)
+            Q, r = orthonormalise_held(held)  # (B, S, k), (B, k)
         if counted:
             total += torch.log(r)
         if j % 16 == 15:
             give_back()  # the steps' freed blocks, before the heap fragments (common.py)
+        if bar is not None:
+            bar.update(1)
+            if bar.done % max(1, bar.total // 8) == 0 and bar.elapsed > 5:
+                bar.milestone()  # a short spectrum says nothing
     w = torch.zeros(B, n_units, k, dtype=torch.float64, device=Q.device)
     keep = d.units >= 0  # a projected h belongs to no unit
     w.index_add_(1, d.units[keep].to(Q.device), Q[:, keep] ** 2)  # (B, units, k)
@@ -306,8 +258,10 @@ class SpectrumAccumulator:
     """
 
     def __init__(self, k: int | str = DEFAULT_K, seed: int = 0, burn_in: int = 16,
-                 hidden: int | None = None, windows: int | None = None) -> None:
+                 hidden: int | None = None, windows: int | None = None,
+                 progress: bool = False) -> None:
         self.k_asked, self.seed, self.burn_in, self.windows = k, seed, burn_in, windows
+        self.progress = progress  # a bar over the steps (``Progress``: a line in a log)
         self.hidden = hidden
         self.starts: StartFrames | None = None
         self.names: list[str] = []
@@ -347,12 +301,17 @@ class SpectrumAccumulator:
             # deprecated: their own business, not the caller's.
             warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
                                     category=DeprecationWarning)
+            bar = Progress(sum(len(d.order) for d in dynamics),
+                           f"gatelens analyze: spectrum ({max(self.ks)} exponents)",
+                           enabled=self.progress)
             for i, d in enumerate(dynamics):
                 B = int(d.inputs.shape[0])
                 start = [self.starts.take(i, B)[:, :, : self.ks[i]].to(d.inputs.device)]
-                out = _direction(d, start, self.burn_in, self.n_units[i])
+                out = _direction(d, start, self.burn_in, self.n_units[i],
+                                 bar if self.progress else None)
                 self.parts[i].append(tuple(None if t is None else t.cpu() for t in out[:3]))
                 self.loadings[i] = self.loadings[i] + out[3].cpu()  # 24 Mamba layers: 90 MB
+            bar.close()
 
     def result(self) -> LyapunovSpectrum:
         """The spectrum of the direction with the larger λ_1; both in ``per_direction``."""

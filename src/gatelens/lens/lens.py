@@ -225,17 +225,11 @@ class Lens:
         forward (the logits are that forward's, shared).
 
         >>> import torch
-        >>> class Two(torch.nn.Module):  # two GRUs, one after the other
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.emb = torch.nn.Embedding(3, 4)
-        ...         self.a = torch.nn.GRU(4, 5, batch_first=True)
-        ...         self.b = torch.nn.GRU(5, 5, batch_first=True)
-        ...     def forward(self, ids):
-        ...         return self.b(self.a(self.emb(ids))[0])[0]
-        >>> seen = Lens(Two(), vocab=3).capture(torch.tensor([[0, 1, 2, 1]]))
+        >>> net = torch.nn.LSTM(3, 4, batch_first=True)  # one module: the model itself
+        >>> seen = Lens(net, encode=lambda i: torch.nn.functional.one_hot(i, 3).float(),
+        ...             vocab=3).capture(torch.tensor([[0, 1, 2, 1]]))
         >>> {path: tuple(cap.inputs.shape) for path, cap in seen.items()}
-        {'a': (1, 4, 4), 'b': (1, 4, 5)}
+        {'': (1, 4, 3)}
         """
         paths = list(self.families) if paths is None else list(paths)
         unknown = [path for path in paths if path not in self.families]
@@ -352,17 +346,21 @@ class Lens:
     def measure(self, path: str, ids: Tensor, chars: list[str],
                 settings: AnalysisSettings | None = None, *, text: dict | None = None,
                 model: dict | None = None, chunk: int | None = None, progress: bool = False,
-                timings: dict | None = None, **options: Any) -> Analysis:
+                timings: dict | None = None, shared: dict | None = None,
+                **options: Any) -> Analysis:
         """Every measurement of the module at ``path`` on windows ``ids`` (B, T): the one
         path ``Lens.analyze``, ``gatelens analyze RUN`` and ``--weights`` take.
         ``settings`` (or its fields as keyword arguments) as ``measure`` takes them; the
         seed defaults to the run's own seed for a run, else 0. ``model``: report.json's
-        model block (default: ``describe(path)``)."""
+        model block (default: ``describe(path)``). ``shared``: one dict for every module
+        measured on the same ``ids`` and settings; the whole model's figures (the context
+        used) are measured once and read from it."""
         from gatelens.analysis.measure import measure
 
         s = AnalysisSettings.build(settings, **options)
         s = replace(s, seed=s.seed_or(0 if self.run_info is None else self.run_info.seed))
         run, ids = self.runner(path), on(ids, self.device)
+        run.shared = shared  # type: ignore[attr-defined]  # analysis/measurements.py
         with as_computed(self.modules[path]):  # parametrized weights read, never changed
             a = measure(self.modules[path], run, ids, chars, s,
                         init_value=0.5 if self.run_info is None else self.run_info.init_keep,
@@ -394,7 +392,8 @@ class Lens:
         ids, chars, source = self.windows(text_or_ids, s.windows, s.length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
         paths = select_paths(list(self.families), layers)
+        shared: dict = {}  # the whole model's figures, measured once
         analyses = {path: self.measure(path, ids, chars, s, text=text, chunk=chunk,
-                                       progress=progress)
+                                       progress=progress, shared=shared)
                     for path in each_module(paths, progress)}
         return LensResult.written(analyses, out)

@@ -86,13 +86,14 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     _, vocab, _ = lens.windows(ids, windows, length)  # ids: their tokens' texts
     how = "every whole window" if windows == "all" else f"first {ids.shape[0]} windows"
     source = f"{where} ({len(every)} tokens; {how} of {length} tokens)"
+    shared: dict = {}  # the whole model's figures (the context used), measured once
     analyses = {path: lens.measure(
         path, ids, vocab, perturb_pos=perturb_pos, seed=seed, chunk=chunk, progress=progress,
         exponents=exponents, fixed_points=fixed_points,
         model={**lens.describe(path), "checkpoint": str(hf.directory),
                "model_type": hf.model_type, "notes": list(hf.notes)},
-        text={"windows": int(ids.shape[0]), "length": length, "source": source})
-        for path in each_module(paths, progress)}
+        text={"windows": int(ids.shape[0]), "length": length, "source": source},
+        shared=shared) for path in each_module(paths, progress)}
     if len(analyses) == 1:
         return write_analysis(next(iter(analyses.values())), dest)
     return LensResult.written(analyses, dest)
