@@ -67,11 +67,12 @@ def test_one_chunk_says_each_stage_and_the_spectrum_s_steps(capsys, monkeypatch)
             if " so far)" in line]
     assert done == ["trace", "divergence rate", "verification", "Lyapunov spectrum",
                     "context used", "gate, unit and perturbation figures"]
-    steps = [line for line in err if line.startswith("gatelens analyze: spectrum (4 exponents)")]
+    bar = "gatelens analyze: Lyapunov spectrum (4 exponents)"
+    steps = [line for line in err if line.startswith(bar)]
     # 24 steps on each of 3 windows, all at once: a line every 3 steps
     assert len(steps) == 8 and steps[-1].split(": ")[2].startswith("24/24 (100%)")
     assert all("ETA" in line for line in steps)
-    assert err.index(steps[-1]) < next(i for i, ln in enumerate(err) if "Lyapunov" in ln)
+    assert err.index(steps[-1]) < next(i for i, ln in enumerate(err) if "spectrum took" in ln)
 
 
 def test_the_chunk_rule_is_the_estimates():

@@ -302,7 +302,7 @@ class SpectrumAccumulator:
             warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
                                     category=DeprecationWarning)
             bar = Progress(sum(len(d.order) for d in dynamics),
-                           f"gatelens analyze: spectrum ({max(self.ks)} exponents)",
+                           f"gatelens analyze: Lyapunov spectrum ({max(self.ks)} exponents)",
                            enabled=self.progress)
             for i, d in enumerate(dynamics):
                 B = int(d.inputs.shape[0])
