@@ -125,17 +125,17 @@ def each_module(paths: Sequence[str], progress: bool, *, stream: TextIO | None =
         yield from paths
         return
     out = sys.stderr if stream is None else stream
-    start = None
+    spent = 0.0  # the modules measured so far
     for i, path in enumerate(paths, 1):
         print(f"gatelens analyze: {path} (module {i} of {n})", file=out, flush=True)
         t0 = clock()
-        start = t0 if start is None else start
         yield path
-        now = clock()
+        took = clock() - t0
+        spent += took
         left = n - i
-        rest = (f"the {left} module{'s' * (left > 1)} left ≈ {_took((now - start) / i * left)}"
-                if left else f"all {n} took {_took(now - start)}")
-        print(f"gatelens analyze: {path} took {_took(now - t0)}; {rest}", file=out, flush=True)
+        rest = (f"the {left} module{'s' * (left > 1)} left ≈ {_took(spent / i * left)}"
+                if left else f"all {n} took {_took(spent)}")
+        print(f"gatelens analyze: {path} took {_took(took)}; {rest}", file=out, flush=True)
 
 
 def stage_line(stage: str, took: float, started: float,

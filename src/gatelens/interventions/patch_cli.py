@@ -30,14 +30,13 @@ METRICS = ("kl", "loss", "logit-diff")
 def add_patch(sub) -> None:
     """The ``patch`` subcommand's flags."""
     from gatelens.analysis.settings import DEFAULTS
+    from gatelens.loaders.hf_dir import add_model_dir_arguments
 
     p = sub.add_parser("patch", help="activation patching: which state at which position "
                        "carries the difference between a clean and a corrupted input")
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or --model DIR")
-    p.add_argument("--model", metavar="DIR", help="a local Hugging Face checkpoint, read in "
-                   "its tokens (--length, --perturb-pos and --positions count tokens)")
-    p.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
-                   help="with --model: let transformers run the directory's own code")
+    add_model_dir_arguments(p, "a local Hugging Face checkpoint, read in its tokens "
+                            "(--length, --perturb-pos and --positions count tokens)")
     p.add_argument("--checkpoint", default=None, help="best (default), final or a step")
     p.add_argument("--clean", metavar="TEXT", help="the clean text (with --corrupt, of the "
                    "same length); default: the run's windows")

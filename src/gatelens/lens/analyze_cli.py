@@ -39,7 +39,7 @@ def add_analyze(sub) -> None:
 def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``gatelens analyze``: a run directory, or --weights/--vocab/--text."""
     from gatelens.lens.foreign import add_foreign_arguments
-    from gatelens.loaders.hf_analyze import add_hf_arguments
+    from gatelens.loaders.hf_dir import add_model_dir_arguments
 
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or give "
                    "--weights, --vocab and --text for a model gatelens did not train")
@@ -68,7 +68,12 @@ def add_analyze_arguments(p: argparse.ArgumentParser) -> None:
                         "auto (cuda where PyTorch sees a device)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     add_foreign_arguments(p)
-    add_hf_arguments(p)
+    add_model_dir_arguments(
+        p, "a local Hugging Face checkpoint; --text is read as its tokens (windows of LENGTH "
+        "tokens; default: the built-in corpus's validation split); --out defaults to "
+        "DIR/analysis",
+        "the recurrent modules to analyse (default: every one): positions among them (0, -1), "
+        "module paths or shell patterns, comma-separated (--layers LIST says the same)")
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

@@ -1,19 +1,29 @@
-"""What Lens's forward hook captured, made into what ``measure`` reads: a packed batch of
-equal lengths unpacked, calls of one step stitched into one trajectory, and the small
-rules Lens applies to its inputs.
+"""What Lens's forward hooks capture, made into what ``measure`` reads: ``capturer`` hooks
+the modules of one forward, ``received`` turns each module's calls into its input and
+initial state (a packed batch of equal lengths unpacked, calls of one step stitched into
+one trajectory), and the small rules Lens applies to its inputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Family
-from gatelens.readout.stitch import Stitcher
+from gatelens.lens.logits import find_logits, logits_at_of, pads_to, recurrent_outputs
+from gatelens.readout.hooks import in_family_call
+from gatelens.readout.own_call import mark, refuse_global_hooks
+from gatelens.readout.stitch import Stitcher, is_step_call
+
+if TYPE_CHECKING:
+    from gatelens.analysis.measure import Captured
+    from gatelens.lens.lens import Lens
 
 
 def unpack_equal(packed: PackedSequence, length: int, batch_first: bool = True) -> Tensor:
@@ -99,3 +109,59 @@ def names_a_file(text: str) -> bool:
         return Path(text).is_file()
     except (OSError, ValueError):
         return False
+
+
+def capturer(lens: Lens, model: nn.Module, fams: dict[str, Family]) -> Any:
+    """ids (B, T) -> {path: what that module received} from one forward of ``model`` (the
+    model ``lens`` opened, or its run's untrained one), by ``received``'s rules for each,
+    with ``logit_notes``, ``logits_at`` and ``pad_to`` as attributes (what ``Lens.measure``
+    and the context used read)."""
+    from gatelens.analysis.measure import Captured
+
+    def run(ids: Tensor) -> dict[str, Captured]:
+        calls: dict[str, list[tuple[Any, Any]]] = {path: [] for path in fams}
+        steps = {path: Stitcher(fam) for path, fam in fams.items()}
+        for path, fam in fams.items():  # before any hook is placed
+            refuse_global_hooks(f"Lens: {path or type(model).__name__}",
+                                type(fam.module).__name__)
+        handles = [fam.module.register_forward_hook(
+            mark(hook_of(fam, calls[path], steps[path])), with_kwargs=True)
+            for path, fam in fams.items()]
+        flags = {m: m.training for m in model.modules()}
+        try:
+            model.eval()
+            with torch.no_grad(), recurrent_outputs(lens.families.values()) as seen:
+                out = lens._forward(model, ids)
+        finally:
+            for handle in handles:
+                handle.remove()
+            for m, flag in flags.items():
+                m.training = flag
+        got = {path: received(fam, calls[path], steps[path], path or type(model).__name__,
+                              int(ids.shape[1])) for path, fam in fams.items()}
+        logits = logits_of(out, seen, ids)
+        return {path: Captured(*parts, logits) for path, parts in got.items()}
+
+    def hook_of(fam: Family, calls: list, steps: Stitcher) -> Callable[..., None]:
+        def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if in_family_call():  # an edited call's family running its module itself
+                return
+            calls.append(fam.split_call(args, kwargs))
+            if is_step_call(fam, calls[-1][0]):
+                steps.add(*calls[-1], output)
+        return hook
+
+    def logits_of(out: Any, seen: list[Tensor], ids: Tensor) -> Tensor | None:
+        found = find_logits(out, int(ids.shape[0]), int(ids.shape[1]), lens._vocab_size(),
+                            seen)
+        if found.note is not None and found.note not in run.logit_notes:
+            run.logit_notes.append(found.note)
+        return found.logits
+
+    run.logit_notes = []  # type: ignore[attr-defined]  # read by Lens.measure
+    # what the context used's truncated runs need: a few positions' logits, and how
+    # long the model pads a short run
+    run.logits_at = None if lens.encode is not None else logits_at_of(  # type: ignore[attr-defined]
+        model, lens._vocab_size())
+    run.pad_to = pads_to(model)  # type: ignore[attr-defined]
+    return run

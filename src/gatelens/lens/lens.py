@@ -32,14 +32,10 @@ from gatelens.families.base import Family
 from gatelens.families.registry import family_of
 from gatelens.families.torch_ops import as_computed
 from gatelens.families.unopened import nothing_opened
-from gatelens.lens.capture import names_a_file, received, rows
+from gatelens.lens.capture import capturer, names_a_file, rows
 from gatelens.lens.device import on, placed
 from gatelens.lens.logits import (
-    find_logits,
-    logits_at_of,
     output_logits,
-    pads_to,
-    recurrent_outputs,
 )
 from gatelens.lens.result import LensResult
 from gatelens.lens.run import Run
@@ -52,10 +48,7 @@ from gatelens.lens.tokens import (
     vocab_list,
     vocab_size,
 )
-from gatelens.readout.hooks import in_family_call
-from gatelens.readout.own_call import mark, refuse_global_hooks
 from gatelens.readout.select import Selection, select_paths
-from gatelens.readout.stitch import Stitcher, is_step_call
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis, Captured, Runner
@@ -237,70 +230,16 @@ class Lens:
             raise GatelensError(f"Lens.capture: {unknown[0]!r} is not a recurrent module of "
                                 f"this model (its modules: {', '.join(self.families)})")
         fams = {path: self.families[path] for path in paths}
-        return self._capturer(self.model, fams)(on(ids, self.device))
+        return capturer(self, self.model, fams)(on(ids, self.device))
 
     def _runner(self, model: nn.Module, fam: Family, path: str) -> Runner:
-        capture = self._capturer(model, {path: fam})
+        capture = capturer(self, model, {path: fam})
 
         def run(ids: Tensor) -> Captured:
             return capture(ids)[path]
 
         for attr in ("logit_notes", "logits_at", "pad_to"):  # read by Lens.measure, context
             setattr(run, attr, getattr(capture, attr))
-        return run
-
-    def _capturer(self, model: nn.Module, fams: dict[str, Family]) -> Any:
-        """ids (B, T) -> {path: what that module received} from one forward of ``model``
-        (``runner``'s rules for each), with ``logit_notes``, ``logits_at`` and ``pad_to``
-        as attributes."""
-        from gatelens.analysis.measure import Captured
-
-        def run(ids: Tensor) -> dict[str, Captured]:
-            calls: dict[str, list[tuple[Any, Any]]] = {path: [] for path in fams}
-            steps = {path: Stitcher(fam) for path, fam in fams.items()}
-            for path, fam in fams.items():  # before any hook is placed
-                refuse_global_hooks(f"Lens: {path or type(model).__name__}",
-                                    type(fam.module).__name__)
-            handles = [fam.module.register_forward_hook(
-                mark(hook_of(fam, calls[path], steps[path])), with_kwargs=True)
-                for path, fam in fams.items()]
-            flags = {m: m.training for m in model.modules()}
-            try:
-                model.eval()
-                with torch.no_grad(), recurrent_outputs(self.families.values()) as seen:
-                    out = self._forward(model, ids)
-            finally:
-                for handle in handles:
-                    handle.remove()
-                for m, flag in flags.items():
-                    m.training = flag
-            got = {path: received(fam, calls[path], steps[path], path or type(model).__name__,
-                                  int(ids.shape[1])) for path, fam in fams.items()}
-            logits = logits_of(out, seen, ids)
-            return {path: Captured(*parts, logits) for path, parts in got.items()}
-
-        def hook_of(fam: Family, calls: list, steps: Stitcher) -> Callable[..., None]:
-            def hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-                if in_family_call():  # an edited call's family running its module itself
-                    return
-                calls.append(fam.split_call(args, kwargs))
-                if is_step_call(fam, calls[-1][0]):
-                    steps.add(*calls[-1], output)
-            return hook
-
-        def logits_of(out: Any, seen: list[Tensor], ids: Tensor) -> Tensor | None:
-            found = find_logits(out, int(ids.shape[0]), int(ids.shape[1]), self._vocab_size(),
-                                seen)
-            if found.note is not None and found.note not in run.logit_notes:
-                run.logit_notes.append(found.note)
-            return found.logits
-
-        run.logit_notes = []  # type: ignore[attr-defined]  # read by Lens.measure
-        # what the context used's truncated runs need: a few positions' logits, and how
-        # long the model pads a short run
-        run.logits_at = None if self.encode is not None else logits_at_of(  # type: ignore[attr-defined]
-            model, self._vocab_size())
-        run.pad_to = pads_to(model)  # type: ignore[attr-defined]
         return run
 
     def _vocab_size(self) -> int | None:
@@ -391,9 +330,20 @@ class Lens:
         s = AnalysisSettings.build(settings, **options)
         ids, chars, source = self.windows(text_or_ids, s.windows, s.length)  # (B, T)
         text = {"windows": int(ids.shape[0]), "length": int(ids.shape[1]), "source": source}
-        paths = select_paths(list(self.families), layers)
-        shared: dict = {}  # the whole model's figures, measured once
-        analyses = {path: self.measure(path, ids, chars, s, text=text, chunk=chunk,
-                                       progress=progress, shared=shared)
-                    for path in each_module(paths, progress)}
+        analyses = self.measure_each(select_paths(list(self.families), layers), ids, chars, s,
+                                     text=text, chunk=chunk, progress=progress)
         return LensResult.written(analyses, out)
+
+    def measure_each(self, paths: Sequence[str], ids: Tensor, chars: list[str],
+                     settings: AnalysisSettings, *, text: dict | None = None,
+                     model: Callable[[str], dict] | None = None, chunk: int | None = None,
+                     progress: bool = False) -> dict[str, Analysis]:
+        """``measure`` of each module at ``paths`` on the same windows, one after another (with
+        ``progress``, each named and timed: ``estimate.each_module``); the whole model's
+        figures (the context used) are measured for the first and handed to the others.
+        ``model``: path -> report.json's model block (default: ``describe(path)``)."""
+        shared: dict = {}
+        return {path: self.measure(path, ids, chars, settings=settings, text=text, chunk=chunk,
+                                   progress=progress, shared=shared,
+                                   model=None if model is None else model(path))
+                for path in each_module(paths, progress)}

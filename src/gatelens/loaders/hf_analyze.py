@@ -18,37 +18,14 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from gatelens.analysis.settings import DEFAULTS
+from gatelens.analysis.settings import DEFAULTS, AnalysisSettings
 from gatelens.errors import GatelensError
 from gatelens.loaders.hf_dir import HFModel, load_hf, token_windows
-from gatelens.readout.select import Selection, as_flag, layer_list, select_paths
+from gatelens.readout.select import Selection, as_flag, select_paths
 
 if TYPE_CHECKING:
     from gatelens.analysis.measure import Analysis
     from gatelens.lens.lens import LensResult
-
-def add_hf_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model DIR`` and ``--trust-remote-code`` (``gatelens analyze``).
-
-    >>> p = argparse.ArgumentParser(); add_hf_arguments(p)
-    >>> a = p.parse_args(["--model", "ckpt"]); a.model, a.trust_remote_code
-    ('ckpt', False)
-    """
-    g = parser.add_argument_group(
-        "a Hugging Face model directory",
-        "config.json, *.safetensors and tokenizer files (save_pretrained), opened offline")
-    g.add_argument("--model", metavar="DIR",
-                   help="a local Hugging Face checkpoint; --text is read as its tokens "
-                        "(windows of LENGTH tokens; default: the built-in corpus's validation "
-                        "split); --out defaults to DIR/analysis")
-    g.add_argument("--modules", metavar="LIST", type=layer_list, default=None,
-                   help="the recurrent modules to analyse (default: every one): positions "
-                        "among them (0, -1), module paths or shell patterns, comma-separated "
-                        "(--layers LIST says the same)")
-    g.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
-                   help="let transformers run the directory's own Python code (auto_map): "
-                        "only for a directory you trust (default: never)")
-
 
 def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | None = None,
                windows: int | str = DEFAULTS.windows, length: int = DEFAULTS.length,
@@ -65,7 +42,6 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     writes a run's, and its ``Analysis``; several: OUT/<module path>/ each and
     OUT/index.html, as ``Lens.analyze`` writes, and the ``LensResult``. OUT: ``out``, else
     DIR/analysis (as a run's is RUN/analysis). ``device``: as ``Lens`` takes it."""
-    from gatelens.analysis.estimate import each_module
     from gatelens.analysis.measure import check_perturb_pos
     from gatelens.io import check_out_dir
     from gatelens.lens.lens import Lens, LensResult
@@ -86,14 +62,13 @@ def analyze_hf(model: HFModel | str | os.PathLike, *, text: str | os.PathLike | 
     _, vocab, _ = lens.windows(ids, windows, length)  # ids: their tokens' texts
     how = "every whole window" if windows == "all" else f"first {ids.shape[0]} windows"
     source = f"{where} ({len(every)} tokens; {how} of {length} tokens)"
-    shared: dict = {}  # the whole model's figures (the context used), measured once
-    analyses = {path: lens.measure(
-        path, ids, vocab, perturb_pos=perturb_pos, seed=seed, chunk=chunk, progress=progress,
-        exponents=exponents, fixed_points=fixed_points,
-        model={**lens.describe(path), "checkpoint": str(hf.directory),
-               "model_type": hf.model_type, "notes": list(hf.notes)},
-        text={"windows": int(ids.shape[0]), "length": length, "source": source},
-        shared=shared) for path in each_module(paths, progress)}
+    settings = AnalysisSettings.build(windows=windows, length=length, perturb_pos=perturb_pos,
+                                      seed=seed, exponents=exponents, fixed_points=fixed_points)
+    analyses = lens.measure_each(
+        paths, ids, vocab, settings, chunk=chunk, progress=progress,
+        model=lambda path: {**lens.describe(path), "checkpoint": str(hf.directory),
+                            "model_type": hf.model_type, "notes": list(hf.notes)},
+        text={"windows": int(ids.shape[0]), "length": length, "source": source})
     if len(analyses) == 1:
         return write_analysis(next(iter(analyses.values())), dest)
     return LensResult.written(analyses, dest)

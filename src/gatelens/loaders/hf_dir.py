@@ -112,6 +112,33 @@ class HFModel:
                 f"{tok}")
 
 
+
+def add_model_dir_arguments(parser: Any, model_help: str, modules_help: str | None = None
+                            ) -> None:
+    """``--model DIR``, ``--trust-remote-code`` and (with ``modules_help``) ``--modules LIST``
+    in one group of ``parser`` (``gatelens analyze``, ``verify``, ``patch``), each command
+    saying what it does with DIR.
+
+    >>> import argparse
+    >>> p = argparse.ArgumentParser(); add_model_dir_arguments(p, "a checkpoint", "which")
+    >>> a = p.parse_args(["--model", "ckpt", "--modules", "0,-1"])
+    >>> a.model, a.modules, a.trust_remote_code
+    ('ckpt', [0, -1], False)
+    """
+    from gatelens.readout.select import layer_list
+
+    g = parser.add_argument_group(
+        "a Hugging Face model directory",
+        "config.json, *.safetensors and tokenizer files (save_pretrained), opened offline")
+    g.add_argument("--model", metavar="DIR", help=model_help)
+    if modules_help is not None:
+        g.add_argument("--modules", metavar="LIST", type=layer_list, default=None,
+                       help=modules_help)
+    g.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
+                   help="let transformers run the directory's own Python code (auto_map): "
+                        "only for a directory you trust (default: never)")
+
+
 def token_windows(ids: Tensor, windows: int | str, length: int, where: str = "text") -> Tensor:
     """The first ``windows`` consecutive ``length``-long slices of ``ids`` (N,), as (B, T);
     ``"all"``: every whole one; too few ids is a one-line error naming ``where``.

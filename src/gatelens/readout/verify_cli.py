@@ -28,7 +28,7 @@ __all__ = ["add_verify", "cmd_verify"]
 
 def add_verify(sub) -> None:
     """The ``verify`` subcommand's flags."""
-    from gatelens.readout.select import layer_list
+    from gatelens.loaders.hf_dir import add_model_dir_arguments
 
     p = sub.add_parser("verify", help="check the gate read-out against PyTorch's own output")
     p.add_argument("run", nargs="?", help="run directory (from gatelens train); or --model DIR")
@@ -44,15 +44,11 @@ def add_verify(sub) -> None:
     p.add_argument("--tol", type=nonnegative_float, default=None,
                    help="largest difference that passes, finite, 0 or above (default: the "
                         "weights' dtype's, 1e-5 for float32)")
-    g = p.add_argument_group("a Hugging Face model directory", "config.json, *.safetensors "
-                             "and tokenizer files (save_pretrained), opened offline")
-    g.add_argument("--model", metavar="DIR", help="verify every recurrent module of this "
-                   "local checkpoint (or those --modules picks) on token windows of --text")
-    g.add_argument("--modules", metavar="LIST", type=layer_list, default=None,
-                   help="positions among the recurrent modules (0, -1), module paths or "
-                        "shell patterns, comma-separated (default: every one)")
-    g.add_argument("--trust-remote-code", action="store_true", dest="trust_remote_code",
-                   help="let transformers run the directory's own Python code (auto_map)")
+    add_model_dir_arguments(
+        p, "verify every recurrent module of this local checkpoint (or those --modules picks) "
+        "on token windows of --text",
+        "positions among the recurrent modules (0, -1), module paths or shell patterns, "
+        "comma-separated (default: every one)")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
