@@ -16,11 +16,21 @@ Without a CUDA device it prints one line, "no CUDA device", and exits 0. What it
    the largest relative difference of every number in report.json, and whether every verdict
    (the words) is the same;
 4. speed: the read-out (``trace``, every gate kept) / the module's cuDNN forward, B = 32 and
-   256, T = 128, H = 325, median of interleaved repeats after warm-up (ratios, never times).
+   256, T = 128, H = 325, median of interleaved repeats after warm-up (ratios, never times);
+5. real size (issue 27): transformers' Mamba at mamba-130m's config (24 layers × 768,
+   d_state 16, vocabulary 50,280, random weights), B = 2, T = 128: the top layer's states
+   traced on the device against the CPU's, ``verify`` on the device (its verdict), and
+   trace and verify as multiples of the device's forward; and an LSTM LM of the PTB-large
+   shape (2 × 1,500, vocabulary 10k): ``Lens.measure`` of 4 windows × 128 tokens on the
+   device against the CPU's (as in 3), and its time as a multiple of the device's forward.
 
 The GPU may differ from the CPU by float32 rounding (a different summation order in cuBLAS
 and cuDNN): the read-out agrees within 1e-5 of a signal's scale; report figures within
-1e-3 relative; the verdicts are the same words.
+1e-3 relative; the verdicts are the same words. The 24th layer of a Mamba stack reads what
+23 layers rounded differently, so its states are held within 1e-3 of their scale.
+
+``--only`` runs some of the five (e.g. ``--only real``), so a second call with the
+device time left can finish what a first one did not.
 """
 
 from __future__ import annotations
@@ -39,6 +49,31 @@ from torch import nn
 
 READ_TOL = 1e-5  # |GPU − CPU| of a read-out signal, over max(1, |signal|)
 REPORT_RTOL = 1e-3  # report.json numbers, relative (float32 reductions in another order)
+DEEP_TOL = 1e-3  # the top layer of 24 against the CPU's, over its scale
+PARTS = ("readout", "train", "speed", "real")
+
+
+class WordLM(nn.Module):
+    """The PTB "large" word model's shape: Embedding(V, H), a 2-layer LSTM, Linear(H, V)."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embed(ids))[0])
+
+
+def timed(fn, dev: str) -> float:
+    """Seconds of one call of ``fn`` (the device synchronised around it)."""
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
 
 
 def tf32_off() -> None:
@@ -122,6 +157,12 @@ def train_and_analyze(rows: list[dict], workdir: Path, dev: str, steps: int = 50
     cpu = build_report(lens.measure(path, ids, chars))
     lens_gpu = Lens(run, device=dev)  # the model moved there in place, the ids on each call
     gpu = build_report(lens_gpu.measure(path, ids, chars))
+    rows.append(compare_reports(f"report.json {dev} vs cpu", cpu, gpu))
+
+
+def compare_reports(check: str, cpu: dict, gpu: dict) -> dict:
+    """The row for two report.json: the largest relative difference of their numbers (the
+    timings aside) and the verdicts (the words) that differ."""
     a, b = numbers(cpu), numbers(gpu)
     skip = ("timing", "seconds", "wall")
     worst, where = 0.0, ""
@@ -133,9 +174,82 @@ def train_and_analyze(rows: list[dict], workdir: Path, dev: str, steps: int = 50
             worst, where = rel, k
     wa, wb = words(cpu), words(gpu)
     differ = sorted(k for k in wa.keys() & wb.keys() if wa[k] != wb[k] and "device" not in k)
-    rows.append({"check": f"report.json {dev} vs cpu", "value": worst, "limit": REPORT_RTOL,
-                 "ok": worst <= REPORT_RTOL and not differ and a.keys() == b.keys(),
-                 "note": f"worst at {where}; verdicts differing: {differ or 'none'}"})
+    return {"check": check, "value": worst, "limit": REPORT_RTOL,
+            "ok": worst <= REPORT_RTOL and not differ and a.keys() == b.keys(),
+            "note": f"worst at {where}; verdicts differing: {differ or 'none'}"}
+
+
+def real_size(rows: list[dict], dev: str, small: bool) -> None:
+    """Item 5 of the module docstring (``small``: the same at toy sizes, the script's test):
+    the deep Mamba, then the PTB-large LSTM (one model in memory at a time)."""
+    deep_mamba(rows, dev, small)
+    ptb_large(rows, dev, small)
+
+
+def deep_mamba(rows: list[dict], dev: str, small: bool) -> None:
+    import transformers
+
+    import gatelens
+
+    L, d, V, T = (2, 32, 50, 16) if small else (24, 768, 50_280, 128)
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=V, hidden_size=d, num_hidden_layers=L, state_size=16, conv_kernel=4,
+        expand=2, use_cache=False)).eval()
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    lens = gatelens.Lens(model, vocab=V)
+    path = next(iter(lens.families))
+    module, key = lens.families[path].module, f"layer{L - 1}.s"
+    seen = lens.runner(path)(ids)
+    ref = gatelens.trace(module, seen.inputs, seen.state, names=[key])[key]
+    lens = gatelens.Lens(model, vocab=V, device=dev)  # the model moved there
+    seen = lens.runner(path)(ids)
+    x = ids.to(dev)
+    with torch.no_grad():
+        model(x)  # warm-up
+        forward = min(timed(lambda: model(x), dev) for _ in range(3))
+    got: dict = {}
+    t_trace = timed(lambda: got.update(tr=gatelens.trace(module, seen.inputs, seen.state)), dev)
+    t_verify = timed(lambda: got.update(res=gatelens.verify(module, seen.inputs, seen.state)),
+                     dev)
+    states, res = got["tr"][key].cpu(), got["res"]
+    off = float((states - ref).abs().max()) / max(float(ref.abs().max()), 1e-12)
+    shape = f"mamba {L} x {d}"
+    rows += [
+        {"check": f"{shape} top states {dev} vs cpu", "value": off, "limit": DEEP_TOL,
+         "ok": off <= DEEP_TOL, "note": f"{key}, over its largest |value|"},
+        {"check": f"{shape} verify on {dev}", "value": res.one_step_max_scaled_diff_h or 0.0,
+         "limit": res.tol, "ok": bool(res.passed),
+         "note": ("passed" if res.passed else "FAILED") + (
+             "; float32 said no, float64 re-judged" if "float64_rejudge" in res.meta else "")},
+        {"check": f"{shape} trace / forward on {dev}", "value": t_trace / forward,
+         "limit": None, "ok": True, "note": f"forward {forward * 1e3:.1f} ms; verify "
+                                            f"{t_verify / forward:.1f}x the forward"}]
+
+
+def ptb_large(rows: list[dict], dev: str, small: bool) -> None:
+    import gatelens
+    from gatelens.report.json_report import build_report
+
+    Vw, H, W, Tw = (50, 24, 2, 16) if small else (10_000, 1_500, 4, 128)
+    torch.manual_seed(0)
+    lm = WordLM(Vw, H).eval()
+    ids = torch.randint(0, Vw, (W, Tw), generator=torch.Generator().manual_seed(2))
+    chars = [f"<{i}>" for i in range(Vw)]
+    p = min(32, Tw // 4)
+    cpu = build_report(gatelens.Lens(lm, vocab=chars, unit="tokens").measure(
+        "lstm", ids, chars, perturb_pos=p))
+    gpu_lens = gatelens.Lens(lm, vocab=chars, unit="tokens", device=dev)
+    x = ids.to(dev)
+    with torch.no_grad():
+        lm(x)
+        forward = min(timed(lambda: lm(x), dev) for _ in range(3))
+    out: dict = {}
+    took = timed(lambda: out.update(r=build_report(gpu_lens.measure(
+        "lstm", ids, chars, perturb_pos=p))), dev)
+    row = compare_reports(f"lstm 2 x {H} (PTB-large) report {dev} vs cpu", cpu, out["r"])
+    row["note"] += f"; the analysis {took:.1f} s = {took / forward:.0f}x the forward"
+    rows.append(row)
 
 
 def speed(rows: list[dict], repeats: int = 20) -> None:
@@ -174,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--device", default="cuda",
                     help="compare this device with the CPU (cpu: the script's own test)")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     args = ap.parse_args(argv)
+    parts = set(args.only.split(","))
+    if not parts <= set(PARTS):
+        ap.error(f"--only: {', '.join(sorted(parts - set(PARTS)))} is not one of "
+                 f"{', '.join(PARTS)}")
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
         print("no CUDA device")
@@ -182,12 +302,16 @@ def main(argv: list[str] | None = None) -> int:
     tf32_off()
     rows: list[dict] = []
     small = dev == "cpu"  # the test of the script itself: small and quick
-    check_readout(rows, dev, T=16 if small else 96)
-    with tempfile.TemporaryDirectory() as tmp:
-        train_and_analyze(rows, Path(tmp), dev, steps=4 if small else 50,
-                          hidden=32 if small else 325)
-    if dev == "cuda":
+    if "readout" in parts:
+        check_readout(rows, dev, T=16 if small else 96)
+    if "train" in parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            train_and_analyze(rows, Path(tmp), dev, steps=4 if small else 50,
+                              hidden=32 if small else 325)
+    if dev == "cuda" and "speed" in parts:
         speed(rows)
+    if "real" in parts:
+        real_size(rows, dev, small)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(f"device: {name}, torch {torch.__version__}, TF32 off")
     for r in rows:

@@ -18,6 +18,7 @@ import gatelens
 from gatelens.analysis.common import pooled
 from gatelens.families.registry import family_of
 from gatelens.readout.hooks import open_cells
+from gatelens.report.html_data import page_data
 from gatelens.report.json_report import check_report, schema
 
 xlstm = importlib.import_module("xlstm")
@@ -145,6 +146,11 @@ def test_lens_analyzes_a_mixed_lm_end_to_end(tmp_path):
     jsonschema.validate(rep, schema())
     assert rep["model"]["family"] == "xlstm-mixed" and rep["verification"]["passed"] is True
     assert rep["units"]["gate"] == "kappa" and rep["units"]["n_units"] == HEADS + D
+    # the page's unit tables: the mLSTM block's heads, then the sLSTM block's units
+    units = page_data(a)["units"]
+    assert [len(units[n]["mean"]) for n in ("layer0", "layer1")] == [HEADS, D]
+    assert units["layer0"]["mean"] == [pytest.approx(v, abs=1e-3) for v in
+                                       a.units.forget_means[:HEADS]]
     assert all(math.isfinite(v) for v in rep["units"]["half_life"].values())
     keep = rep["gates"]["kappa"]
     assert all(0 <= keep[q] <= 1 for q in ("p5", "p50", "p95"))

@@ -11,6 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
@@ -36,8 +37,23 @@ def test_the_whole_script_on_the_cpu_against_itself(capsys, tmp_path):
     checks = [r["check"] for r in rows]
     assert checks[:7] == ["read-out lstm", "read-out lstm 2-layer", "read-out gru", "read-out rnn",
                           "read-out mingru", "read-out minlstm", "read-out slstm"]
-    assert checks[7:] == ["train 4 steps on cpu", "report.json cpu vs cpu"]
+    assert checks[7:] == ["train 4 steps on cpu", "report.json cpu vs cpu",
+                          "mamba 2 x 32 top states cpu vs cpu", "mamba 2 x 32 verify on cpu",
+                          "mamba 2 x 32 trace / forward on cpu",
+                          "lstm 2 x 24 (PTB-large) report cpu vs cpu"]
     assert all(r["ok"] for r in rows)
     # the same device twice: the same numbers and words
-    assert rows[-1]["value"] == 0.0 and "none" in rows[-1]["note"]
+    for r in (rows[8], rows[9], rows[-1]):
+        assert r["value"] == 0.0, r
+    assert "none" in rows[8]["note"] and "none" in rows[-1]["note"]
     assert "ok   read-out lstm" in capsys.readouterr().out
+
+
+def test_only_runs_the_parts_named_and_refuses_others(capsys, tmp_path):
+    out = tmp_path / "rows.json"
+    assert load().main(["--device", "cpu", "--only", "real", "--json", str(out)]) == 0
+    assert [r["check"].split()[0] for r in json.loads(out.read_text())] == [
+        "mamba", "mamba", "mamba", "lstm"]
+    with pytest.raises(SystemExit) as e:
+        load().main(["--device", "cpu", "--only", "real,gpu"])
+    assert e.value.code == 2 and "--only: gpu is not one of" in capsys.readouterr().err

@@ -276,7 +276,7 @@ def cut_from_rows(parts: list[dict], p: int, T: int, letters: tuple[str, ...],
         rows = {n: torch.cat([c["curves"][k][n] for c in parts]) for n in
                 ("measured", "forget_path", "uncut")}
         n = int(rows["measured"].shape[0])
-        mean = {name: (r.mean(0).numpy() if n else np.full(T - p, np.nan))
+        mean = {name: (r.mean(0).cpu().numpy() if n else np.full(T - p, np.nan))
                 for name, r in rows.items()}
         diff = np.abs(mean["measured"] - mean["forget_path"])
         at = {name: [float(v[j]) for j in ks] for name, v in mean.items()}

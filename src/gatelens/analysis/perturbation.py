@@ -77,7 +77,8 @@ def perturb_windows(windows: Tensor, position: int, vocab_size: int, seed: int,
     if among is None:
         if vocab_size < 2:
             raise ValueError("a perturbation needs at least two characters in the vocabulary")
-        draw = torch.randint(0, vocab_size - 1, orig.shape, generator=gen)  # (B,) in [0, V−2]
+        draw = torch.randint(0, vocab_size - 1, orig.shape, generator=gen  # (B,) in [0, V−2]
+                             ).to(windows.device)  # drawn on the CPU: the same on any device
         out[:, position] = draw + (draw >= orig).long()  # skip the original: never unchanged
         return out
     among = torch.unique(among.to(windows.device))  # (K,) sorted
@@ -85,7 +86,8 @@ def perturb_windows(windows: Tensor, position: int, vocab_size: int, seed: int,
         raise ValueError("a token perturbation needs at least two distinct tokens in the "
                          "windows")
     where = torch.searchsorted(among, orig.contiguous())  # (B,): x_p's index in among
-    draw = torch.randint(0, len(among) - 1, orig.shape, generator=gen)  # (B,) in [0, K−2]
+    draw = torch.randint(0, len(among) - 1, orig.shape, generator=gen  # (B,) in [0, K−2]
+                         ).to(windows.device)
     out[:, position] = among[draw + (draw >= where).long()]
     return out
 
@@ -164,7 +166,7 @@ def decay_from_rows(parts: list[dict], position: int, length: int,
     names = list(parts[0]["rows"])
     rows = {n: torch.cat([p["rows"][n] for p in parts]) for n in names}  # (n, T − p)
     n = int(rows["measured"].shape[0])
-    curves = {k: (v.mean(dim=0).numpy() if n else np.full(length - position, np.nan))
+    curves = {k: (v.mean(dim=0).cpu().numpy() if n else np.full(length - position, np.nan))
               for k, v in rows.items()}
     measured_h = curves.pop("measured_h")
     at = lambda name: [float(curves[name][k]) for k in ks]  # noqa: E731

@@ -127,6 +127,7 @@ class UnitStats:
         self.gate = spec.keep_gate
         self.sum: np.ndarray | None = None
         self.n = 0
+        self.sizes: tuple[int, ...] | None = None  # each layer's units
 
     def update(self, trace: Trace) -> None:
         if self.gate is None:
@@ -136,13 +137,14 @@ class UnitStats:
             y = as_numpy64(y)
             parts.append(y.reshape(-1, y.shape[-1]).sum(axis=0))
         part = np.concatenate(parts)  # (U,)
+        self.sizes = tuple(p.size for p in parts)
         self.sum = part if self.sum is None else self.sum + part
         self.n += int(np.prod(trace[f"layer0.{self.gate}"].shape[:2]))
 
     def result(self, init_value: float) -> UnitTimescales | None:
         if self.gate is None or self.sum is None:
             return None
-        return summarize_units(self.sum / self.n, self.gate, init_value)
+        return summarize_units(self.sum / self.n, self.gate, init_value, self.sizes)
 
 
 class ClassStats:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from gatelens.analysis.common import as_numpy64, finite_or_none, pooled
+from gatelens.analysis.common import as_numpy64, by_layer, finite_or_none, pooled
 from gatelens.readout.trace_types import Trace
 
 HALF_LIFE_LONG = 10.0  # "a long memory": half-life of 10 characters or more
@@ -67,6 +67,8 @@ class UnitTimescales:
         half_life_ge_10: units whose half-life is 10 characters or more.
         forget_mean: min, p5, median, p95, max of f̄_u.
         half_life: min, median, max of the per-unit half-lives (inf allowed).
+        layer_sizes: how many of the units each layer holds, bottom up (layers may differ:
+            a mixed xLSTM stack's mLSTM heads beside its sLSTM units); None: not known.
     """
 
     gate: str
@@ -77,11 +79,14 @@ class UnitTimescales:
     half_life_ge_10: int
     forget_mean: dict[str, float]
     half_life: dict[str, float]
+    layer_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.forget_means.shape != (self.n_units,):
             raise ValueError(f"forget_means has shape {self.forget_means.shape}, expected "
                              f"({self.n_units},)")
+        if self.layer_sizes is not None and sum(self.layer_sizes) != self.n_units:
+            raise ValueError(f"layer_sizes {self.layer_sizes} do not add up to {self.n_units}")
         if not 0 <= self.below_init <= self.n_units or not 0 <= self.half_life_ge_10 <= \
                 self.n_units:
             raise ValueError("unit counts must lie between 0 and n_units")
@@ -106,8 +111,10 @@ def unit_means(gate: Tensor) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]).mean(axis=0)  # (U,)
 
 
-def summarize_units(means: np.ndarray, gate: str, init_value: float) -> UnitTimescales:
-    """The summary of per-unit means f̄_u (any source), as in docs/methods.md.
+def summarize_units(means: np.ndarray, gate: str, init_value: float,
+                    layer_sizes: tuple[int, ...] | None = None) -> UnitTimescales:
+    """The summary of per-unit means f̄_u (any source), as in docs/methods.md;
+    ``layer_sizes``: each layer's count of them, bottom up (``UnitTimescales``).
 
     >>> u = summarize_units(np.array([0.307, 0.494, 0.793]), "f", 0.5)
     >>> u.below_init, [round(u.half_life[k], 2) for k in ("min", "median", "max")]
@@ -126,7 +133,8 @@ def summarize_units(means: np.ndarray, gate: str, init_value: float) -> UnitTime
                      "median": float(np.median(means)), "p95": float(p95),
                      "max": float(means.max())},
         half_life={"min": float(lives.min()), "median": float(np.median(lives)),
-                   "max": float(lives.max())})
+                   "max": float(lives.max())},
+        layer_sizes=None if layer_sizes is None else tuple(int(n) for n in layer_sizes))
 
 
 def unit_timescales(trace: Trace, init_value: float = 0.5) -> UnitTimescales | None:
@@ -136,8 +144,9 @@ def unit_timescales(trace: Trace, init_value: float = 0.5) -> UnitTimescales | N
     """
     if trace.keep_gate is None:
         return None
+    sizes = tuple(y.shape[-1] for y in by_layer(trace, trace.keep_gate))
     return summarize_units(unit_means(pooled(trace, trace.keep_gate)), trace.keep_gate,
-                           init_value)
+                           init_value, sizes)
 
 
 def shift_from_init(trained: UnitTimescales, untrained: UnitTimescales) -> dict:

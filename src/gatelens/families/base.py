@@ -187,6 +187,9 @@ class Family(abc.ABC):
     #: ``intervene`` reads a whole call's every position itself, stretch by stretch of the
     #: module's own kernel, so a traced edited run reads the module once (interventions/run.py)
     edit_reads_whole: ClassVar[bool] = False
+    #: why the family computes on the CPU only (its package's own code has no other path
+    #: that it reads); None: wherever the module's weights are (``Lens(..., device=)``)
+    cpu_only: ClassVar[str | None] = None
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module

@@ -27,9 +27,9 @@ import mmap
 import os
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["HUGE_BYTES", "HUGE_PAGE", "joined", "state_empty"]
+__all__ = ["HUGE_BYTES", "HUGE_PAGE", "joined", "state_empty", "zeros64"]
 
 #: buffers of this many bytes or more are mapped with huge pages (glibc's largest mmap
 #: threshold: below it, glibc may recycle memory already touched)
@@ -89,3 +89,16 @@ def joined(parts: list[Tensor]) -> Tensor:
     if len(parts) < 2 or not width or any(st < width for st in rows):
         return torch.cat(parts, dim=-1)  # one part, nothing, or rows that would overlap
     return first.as_strided((*lead, width), (*strides, 1), first.storage_offset())
+
+
+def zeros64(module: nn.Module, batch: int, *widths: int, fill: float = 0.0) -> list[Tensor]:
+    """A hand cell's state before the first step: one (batch, w) float64 tensor of ``fill`` a
+    width, on the device of ``module``'s weights (where its float64 copy computes; the CPU for
+    a module with none).
+
+    >>> [tuple(z.shape) for z in zeros64(torch.nn.Linear(2, 2), 3, 4, 5)]
+    [(3, 4), (3, 5)]
+    """
+    w = next(iter(module.parameters()), None)
+    device = w.device if w is not None else torch.device("cpu")
+    return [torch.full((batch, n), fill, dtype=torch.float64, device=device) for n in widths]

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
+from gatelens.families.buffers import zeros64
 from gatelens.families.delta_cell import DeltaCell
 from gatelens.families.delta_edit import StepEdits
 from gatelens.families.delta_scan import DeltaForward
@@ -228,8 +229,7 @@ class HFGatedDeltaNetFamily(StepEdits, DeltaForward, DeltaCell, OfficialFamily):
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         _, Hv, dk, dv, K, cd = self.shape
-        return [torch.zeros(batch, (K - 1) * cd, dtype=torch.float64),
-                torch.zeros(batch, Hv * dv * dk, dtype=torch.float64)]
+        return zeros64(self.module, batch, (K - 1) * cd, Hv * dv * dk)
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]

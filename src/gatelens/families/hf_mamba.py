@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
+from gatelens.families.buffers import zeros64
 from gatelens.families.forward_scan import SequentialScanStates, linear_scan
 from gatelens.families.official import (
     OfficialFamily,
@@ -162,8 +163,7 @@ class MambaCell(OfficialFamily):
         return self.d_conv
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        return [torch.zeros(batch, (self.d_conv - 1) * self.d_inner, dtype=torch.float64),
-                torch.zeros(batch, self.hidden_size, dtype=torch.float64)]
+        return zeros64(self.module, batch, (self.d_conv - 1) * self.d_inner, self.hidden_size)
 
     def _act(self, mixer: nn.Module, x: Tensor) -> Tensor:
         return F.silu(x)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gatelens.families.buffers import state_empty
+from gatelens.families.buffers import state_empty, zeros64
 from gatelens.families.forward_scan import linear_scan
 from gatelens.families.hf_mamba import HFMambaFamily, hf_forward, hf_model
 from gatelens.families.official import Recorder, buffer_units, conv_buffer, scaled_diff
@@ -104,8 +104,7 @@ class HFMamba2Family(HFMambaFamily):
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         S = self.heads * self.head_dim * self.d_state
-        return [torch.zeros(batch, (self.d_conv - 1) * self.conv_dim, dtype=torch.float64),
-                torch.zeros(batch, S, dtype=torch.float64)]
+        return zeros64(self.module, batch, (self.d_conv - 1) * self.conv_dim, S)
 
     def step_cell(self, k, m, u, parts, aux, edit=None):
         mix = self.mixers(m)[k]

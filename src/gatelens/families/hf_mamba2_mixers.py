@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Reference
+from gatelens.families.buffers import zeros64
 from gatelens.families.delta_scan import prompt_conv, torch_path
 from gatelens.families.hf_mamba2 import MAMBA2, mamba2_replay, mamba2_scan, mamba2_step
 from gatelens.families.official import (
@@ -145,8 +146,7 @@ class HFMamba2MixerFamily(OfficialFamily):
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         NH, P, N, K, cd = self.shape
-        return [torch.zeros(batch, (K - 1) * cd, dtype=torch.float64),
-                torch.zeros(batch, NH * P * N, dtype=torch.float64)]
+        return zeros64(self.module, batch, (K - 1) * cd, NH * P * N)
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]

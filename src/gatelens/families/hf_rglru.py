@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, Dynamics, Reference
+from gatelens.families.buffers import zeros64
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.delta_scan import torch_path
 from gatelens.families.forward_scan import linear_scan
@@ -190,8 +191,7 @@ class HFRGLRUFamily(StepEdits, OfficialFamily):
         return self.d_conv
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        return [torch.zeros(batch, n, dtype=torch.float64) for n in (
-            (self.d_conv - 1) * self.width, self.width)]
+        return zeros64(self.module, batch, (self.d_conv - 1) * self.width, self.width)
 
     # ---- a call ------------------------------------------------------------------
     def split_call(self, args: tuple, kwargs: dict):

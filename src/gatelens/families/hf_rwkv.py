@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelens.families.base import Call
+from gatelens.families.buffers import zeros64
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.hf_mamba import hf_check, hf_forward, hf_model, hf_split
 from gatelens.families.official import OfficialFamily, Recorder
@@ -173,9 +174,7 @@ class HFRwkvFamily(RwkvForward, StepEdits, OfficialFamily):
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         C, Ca = self.width, self.hidden_size
-        z = torch.zeros
-        return [z(batch, C, dtype=torch.float64), z(batch, Ca, dtype=torch.float64),
-                z(batch, Ca, dtype=torch.float64), z(batch, C, dtype=torch.float64)]
+        return zeros64(self.module, batch, C, Ca, Ca, C)
 
     def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         blk = m.blocks[k]

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from gatelens.cells.names import layer_name
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call, LayerDiff, Reference
-from gatelens.families.buffers import joined
+from gatelens.families.buffers import joined, zeros64
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder, scaled_diff
 from gatelens.families.records import largest_abs, worst_of
@@ -214,8 +214,7 @@ class HFXLSTMFamily(XLSTMForward, StepEdits, OfficialFamily):
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
         NH, dqk, dv = self.shape
-        return [torch.zeros(batch, NH * dqk * dv, dtype=torch.float64),
-                torch.zeros(batch, NH * dqk, dtype=torch.float64)]
+        return zeros64(self.module, batch, NH * dqk * dv, NH * dqk)
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return joined(parts)  # (N, NH·(d_qk·d_v + d_qk)): C̄ then n̄

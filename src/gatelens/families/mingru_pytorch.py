@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
+from gatelens.families.buffers import zeros64
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, Recorder
 from gatelens.families.recipe import Recipe
@@ -176,7 +177,7 @@ class MinGRUPytorchFamily(StepEdits, OfficialFamily):
 
     # ---- the hand cell -----------------------------------------------------------
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        return [torch.zeros(batch, self.hidden_size, dtype=torch.float64)]
+        return zeros64(self.module, batch, self.hidden_size)
 
     def step_cell(self, k, m, u, parts, aux, edit=no_edit):
         rnn = m.layers[k][2] if self.lm else m

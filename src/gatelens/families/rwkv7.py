@@ -165,6 +165,8 @@ class RWKV7Family(RWKV7Edits, OfficialFamily):
                   "built from --cell rwkv7's weights)")
     cell_name = "rwkv7"
     specs = (RWKV7,)
+    cpu_only = ("the rwkv package's RWKV_x070 is read in its 'cpu fp32' strategy; its "
+                "CUDA strategy runs a fused kernel, which has no step path to read")
     recipe = RWKV7_RECIPE
     wraps = (RWKV7LM, RWKV7Trainable)  # models of ids, read through their package model
     uses_aux = True  # v_first: layer 0's v at the same token (a function of the input)

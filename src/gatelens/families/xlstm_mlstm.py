@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gatelens.families.buffers import joined
+from gatelens.families.buffers import joined, zeros64
 from gatelens.families.delta_edit import no_edit
 from gatelens.families.official import buffer_units
 from gatelens.families.recipe import Recipe
@@ -148,13 +148,12 @@ class XLSTMMLSTMFamily(XLSTMStack):
                                       m.reshape(B, -1)]
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        NH, d, z = self.heads, self.head_dim, torch.zeros
-        return [z(batch, (self.conv_width - 1) * self.inner, dtype=torch.float64),
-                z(batch, NH * d * d, dtype=torch.float64), z(batch, NH * d, dtype=torch.float64)]
+        NH, d = self.heads, self.head_dim
+        return zeros64(self.module, batch, (self.conv_width - 1) * self.inner, NH * d * d, NH * d)
 
     def initial_stabiliser(self, k: int, batch: int) -> Tensor:
         """The package's m before the first step (its step path starts at m = 0)."""
-        return torch.zeros(batch, self.heads, dtype=torch.float64)
+        return zeros64(self.module, batch, self.heads)[0]
 
     def step_cell(self, k, m, u, parts, aux, edit=no_edit, prev=None):
         """One step; ``prev`` (an edited run): the stabiliser m before the step, from which

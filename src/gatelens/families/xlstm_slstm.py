@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
 from gatelens.families.base import Call
+from gatelens.families.buffers import zeros64
 from gatelens.families.delta_edit import StepEdits, no_edit
 from gatelens.families.official import OfficialFamily, buffer_units
 from gatelens.families.recipe import Recipe
@@ -282,14 +283,13 @@ class XLSTMSLSTMFamily(XLSTMStack):
         return self._buffer(st, B) + [h, c / n, m + torch.log(n), m]
 
     def initial_parts(self, k: int, batch: int) -> list[Tensor]:
-        H, z = self.hidden_size, torch.zeros
-        buf = [z(batch, (self.conv_width - 1) * H, dtype=torch.float64)] if self.conv_width else []
-        return buf + [z(batch, H, dtype=torch.float64), z(batch, H, dtype=torch.float64),
-                      torch.full((batch, H), -torch.inf, dtype=torch.float64)]
+        H = self.hidden_size
+        buf = zeros64(self.module, batch, (self.conv_width - 1) * H) if self.conv_width else []
+        return buf + zeros64(self.module, batch, H, H) + [self.initial_stabiliser(k, batch)]
 
     def initial_stabiliser(self, k: int, batch: int) -> Tensor:
         """The stabiliser before the first step: −∞, so m' = ĩ (the package's "n = 0")."""
-        return torch.full((batch, self.hidden_size), -torch.inf, dtype=torch.float64)
+        return zeros64(self.module, batch, self.hidden_size, fill=-torch.inf)[0]
 
     def step_cell(self, k, m, u, parts, aux, edit=no_edit, prev=None):
         """One step; ``prev`` (an edited run): the stabiliser m before the step, from which

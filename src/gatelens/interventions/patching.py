@@ -262,7 +262,8 @@ def _attribution(lens: Lens, corrupt: Tensor, clean: Tensor, clean_logits: Tenso
     deltas = {}
     for k, a in a_corrupt.items():
         W = a.shape[-1] if units is None else len(units)
-        deltas[k] = torch.zeros(a.shape[0], hi - lo, W, dtype=a.dtype, requires_grad=True)
+        deltas[k] = torch.zeros(a.shape[0], hi - lo, W, dtype=a.dtype, device=a.device,
+                                requires_grad=True)
     edits = [Add(k, d, at=slice(lo, hi), units=units) for k, d in deltas.items()]
     res = run_edits(lens, corrupt, edits, trace=False, grad=True, start=start)
     m = metric(_logits(res.output, "corrupt"), clean_logits.detach(), clean)
@@ -287,5 +288,5 @@ def _attribution(lens: Lens, corrupt: Tensor, clean: Tensor, clean_logits: Tenso
         for k in g:
             diff = (a_clean[k] - a_corrupt[k])[:, pos]
             diff = diff if units is None else diff[..., units]  # (B, P, U)
-            out[i] += (diff.double() * grad[k][:, cols].double()).sum((0, 2)).numpy()
+            out[i] += (diff.double() * grad[k][:, cols].double()).sum((0, 2)).cpu().numpy()
     return out

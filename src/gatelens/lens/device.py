@@ -52,8 +52,18 @@ def resolve(device: str | torch.device | None) -> torch.device | None:
 
 
 def placed(model: nn.Module, device: str | torch.device | None) -> torch.device | None:
-    """The device ``model`` was moved to (``resolve``), or None: left where it is."""
+    """The device ``model`` was moved to (``resolve``), or None: left where it is. A model
+    holding a recurrent module whose family computes on the CPU only (``Family.cpu_only``)
+    is not moved to another device: one line names the module and why."""
     dev = resolve(device)
+    if dev is not None and dev.type != "cpu":
+        from gatelens.families.registry import family_classes
+
+        for path, m in model.named_modules():
+            cls = next((c for c in family_classes() if c.opens(m)), None)
+            if cls is not None and cls.cpu_only:
+                raise GatelensError(f"{path or type(m).__name__} ({cls.name}) runs on the CPU "
+                                    f"only: {cls.cpu_only}; use device cpu")
     if dev is not None:
         model.to(dev)
     return dev

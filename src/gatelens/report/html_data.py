@@ -117,8 +117,9 @@ def _layer_means(analysis: Analysis, trained: bool) -> list[np.ndarray]:
                                             else None)
     tr = analysis.trace if trained else analysis.baseline_trace
     L = int(tr.num_layers)
-    if units is not None:
-        return np.split(units.forget_means, L)
+    if units is not None:  # each layer's units (a mixed xLSTM stack's layers differ)
+        sizes = units.layer_sizes or (units.n_units // L,) * L
+        return np.split(units.forget_means, np.cumsum(sizes)[:-1])
     if tr.keep_gate is None:
         return [unit_means(tr[f"{layer_name(k)}.h"]) for k in range(L)]
     return [np.full(tr["layer0.h"].shape[-1], np.nan)] * L
