@@ -55,3 +55,22 @@ def test_half_precision_verdicts(dtype: torch.dtype, scale: float) -> None:
     assert f"({regime} on this text)" in words or (regime == "chaotic" and "chaotic" in words)
     other = "chaotic" if regime == "contracting" else "contracting"
     assert other not in words, words
+
+
+def test_a_package_whose_own_forward_fails_at_half_precision_is_told_to_load_float32():
+    """transformers' Mamba with use_mambapy (what ``--cell hf-mamba`` trains) runs its scan
+    in float32 on the CPU, so in bfloat16 its own forward raises: the line says so, not that
+    the model takes other inputs."""
+    from gatelens.errors import GatelensError
+    from gatelens.training.model import OfficialLM
+
+    torch.manual_seed(0)
+    model = OfficialLM(7, "hf-mamba", 16, 2).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 7, (2, 12))
+    with pytest.raises(GatelensError, match=r"OfficialLM\(ids\) failed .*dtype.*; its "
+                       r"weights are bfloat16 and its own forward mixes them with float32 "
+                       r"here; load it in float32 \(model.float\(\)\)$"):
+        gatelens.Lens(model, vocab=7).analyze(ids, perturb_pos=3)
+    model.float()
+    assert gatelens.Lens(model, vocab=7).analyze(ids, perturb_pos=3, exponents=1).reports[
+        "rnn"]["verification"]["passed"]

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Lens", "LensResult", "output_logits"]  # LensResult: lens/result.py
 
+HALF = (torch.float16, torch.bfloat16)
+
 
 class Lens:
     """Every recurrent module of ``model``, ready to be measured on text or ids.
@@ -260,10 +262,15 @@ class Lens:
             return model(ids, **kwargs)
         except (TypeError, RuntimeError, IndexError, AttributeError, ValueError) as e:
             first = " ".join(str(e).split())[:160]
-            raise GatelensError(
-                f"{type(model).__name__}(ids) failed on ids (B, T) int64 ({type(e).__name__}: "
-                f"{first}); if its forward takes something else, pass Lens(model, "
-                "encode=...) mapping ids to what it takes") from None
+            hint = ("if its forward takes something else, pass Lens(model, encode=...) "
+                    "mapping ids to what it takes")
+            half = next((p.dtype for p in model.parameters() if p.dtype in HALF), None)
+            if half is not None and "dtype" in first:  # its own code computes some in float32
+                hint = (f"its weights are {str(half).removeprefix('torch.')} and its own "
+                        "forward mixes them with float32 here; load it in float32 "
+                        "(model.float())")
+            raise GatelensError(f"{type(model).__name__}(ids) failed on ids (B, T) int64 "
+                                f"({type(e).__name__}: {first}); {hint}") from None
 
     def describe(self, path: str) -> dict:
         """report.json's "model" block for the module at ``path``."""
