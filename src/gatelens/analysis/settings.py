@@ -57,8 +57,10 @@ class AnalysisSettings:
         _count("length", self.length)
         if self.length < 2:
             raise GatelensError(f"length {self.length}: a window needs at least 2 positions")
-        if isinstance(self.perturb_pos, int) and self.perturb_pos < 0:
-            check_perturb_pos(self.perturb_pos, self.length)  # (against T: in measure)
+        if isinstance(self.perturb_pos, int) and self.perturb_pos < 0:  # the unit is not
+            # known here (characters, tokens, bytes); against T: in measure
+            raise GatelensError(f"--perturb-pos {self.perturb_pos} leaves no lag: a position "
+                                f"is 0 or more, and at most the window's length − 2")
         _count("perturb_pos", self.perturb_pos, minimum=0)
         if self.exponents != AUTO:
             _count("exponents", self.exponents, minimum=0, allow_all=True)
