@@ -57,3 +57,22 @@ def test_only_runs_the_parts_named_and_refuses_others(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         load().main(["--device", "cpu", "--only", "real,gpu"])
     assert e.value.code == 2 and "--only: gpu is not one of" in capsys.readouterr().err
+
+
+def test_reports_compare_figures_and_verdicts_but_not_rounding():
+    """Two devices round differently: a read-out's error or a split's residual differs by its
+    own size, so it is left out; any other figure off by more than 1e-3, or a verdict that
+    differs, fails the row."""
+    gc = load()
+    base = {"verification": {"one_step_max_abs_diff_h": 2e-8, "tolerance": 1e-5,
+                             "passed": True},
+            "decomposition": {"max_abs_residual": 1e-18}, "units": {"median": 0.5}}
+    moved = {"verification": {"one_step_max_abs_diff_h": 9e-8, "tolerance": 1e-5,
+                              "passed": True},
+             "decomposition": {"max_abs_residual": 3e-17}, "units": {"median": 0.5}}
+    assert gc.compare_reports("x", base, moved)["ok"]
+    off = {**moved, "units": {"median": 0.5006}}
+    row = gc.compare_reports("x", base, off)
+    assert not row["ok"] and ".units.median" in row["note"]
+    said = {**moved, "verification": {**moved["verification"], "passed": False}}
+    assert not gc.compare_reports("x", base, said)["ok"]
