@@ -76,3 +76,18 @@ def test_reports_compare_figures_and_verdicts_but_not_rounding():
     assert not row["ok"] and ".units.median" in row["note"]
     said = {**moved, "verification": {**moved["verification"], "passed": False}}
     assert not gc.compare_reports("x", base, said)["ok"]
+
+
+def test_the_device_wheels_are_the_versions_gatelens_pins():
+    """benchmarks/device_wheels.sh fetches transformers for the device machine: at the
+    version pyproject.toml pins (a bumped pin without it would check another package)."""
+    import re
+
+    root = SCRIPT.parents[1]
+    pins = dict(re.findall(r'"(transformers)==([\d.]+)', (root / "pyproject.toml").read_text()))
+    fetched = dict(re.findall(r"(transformers)==([\d.]+)",
+                              (root / "benchmarks" / "device_wheels.sh").read_text()))
+    assert pins == fetched == {"transformers": "5.23.0"}
+    from importlib.metadata import version
+
+    assert version("transformers") == pins["transformers"]
