@@ -87,7 +87,7 @@ def test_the_device_wheels_are_the_versions_gatelens_pins():
     pins = dict(re.findall(r'"(transformers)==([\d.]+)', (root / "pyproject.toml").read_text()))
     fetched = dict(re.findall(r"(transformers)==([\d.]+)",
                               (root / "benchmarks" / "device_wheels.sh").read_text()))
-    assert pins == fetched == {"transformers": "5.23.0"}
+    assert pins and pins == fetched
     from importlib.metadata import version
 
     assert version("transformers") == pins["transformers"]
