@@ -14,7 +14,8 @@ device*. An operation that reads both, each with at least one dimension (a 0-dim
 CPU tensor is a scalar to CUDA), is what CUDA would refuse: ``mixes`` lists each, with the
 line that made the CPU tensor and the line that mixed it. Indexing and copies (``x[i]``,
 ``x[i] = y``, ``copy_``) cross devices on CUDA too, and are not mixes; ``.numpy()`` of a tensor
-on the device is one (CUDA memory has no numpy view).
+on the device is one (CUDA memory has no numpy view), and so is a draw on the device with
+a CPU ``torch.Generator`` (CUDA needs one of its own).
 
 The device is ``DeviceAudit.device``: a ``torch.device("cpu")`` told apart from every other
 CPU device by identity. ``.device`` of a tensor on the device returns it, so code that
@@ -54,7 +55,7 @@ _BESIDE = {torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like,
            torch.Tensor.new_full, torch.Tensor.new_tensor}
 #: what reads a tensor as a numpy array (only a CPU tensor can be)
 _TO_NUMPY = {torch.Tensor.numpy, torch.Tensor.__array__}
-_NUMPY = "(numpy)"
+_NUMPY, _GENERATOR = "(numpy)", "(generator)"
 #: the moves between devices
 _MOVES = {torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda}
 #: the descriptor of ``Tensor.device``
@@ -76,6 +77,8 @@ class Mix:
     def __str__(self) -> str:
         if self.made_at == _NUMPY:
             return f"{self.op} at {self.at} reads a tensor on the device as a numpy array"
+        if self.made_at == _GENERATOR:
+            return f"{self.op} at {self.at} draws on the device with a CPU generator"
         return f"{self.op} at {self.at} reads a CPU tensor made at {self.made_at}"
 
 
@@ -162,6 +165,10 @@ class DeviceAudit(TorchFunctionMode):
         if not isinstance(result, (torch.Tensor, tuple, list)):
             return result
         site = self._placed(func, args, kwargs)
+        gen = kwargs.get("generator")
+        if isinstance(gen, torch.Generator) and gen.device.type == "cpu" and site is None and \
+                any(t.dim() > 0 for t in _tensors(result, [])):  # drew on the device
+            self.mixes.append(Mix(getattr(func, "__name__", str(func)), _site(), _GENERATOR))
         if func in _MOVES and result is args[0] and site != self.on_cpu(result):
             # on the CPU a move to where a tensor already is returns the tensor itself; on
             # the GPU it is a copy elsewhere, and the tensor stays where it was

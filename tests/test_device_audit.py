@@ -47,12 +47,16 @@ def test_the_audit_finds_what_cuda_would_refuse_and_nothing_else() -> None:
         w @ torch.ones(3, device="cpu")  # 5: "cpu" said
         w.cpu().numpy(), w.numpy(force=True)  # numpy of a CPU tensor, or copied there
         w.numpy(), np.asarray(w)  # 6, 7: numpy of the device's
+        gen = torch.Generator().manual_seed(0)
+        torch.randn(3, generator=gen).to(w.device)  # drawn on the CPU, then moved
+        torch.randn(3, generator=gen, device=w.device)  # 8: a CPU generator on the device
     assert [m.op for m in audit.mixes] == ["matmul", "add", "sub", "cat", "matmul", "numpy",
-                                           "__array__"]
+                                           "__array__", "randn"]
     here = Path(__file__).name
     assert all(m.at.startswith(here) for m in audit.mixes)
     assert all(m.made_at.startswith(here) for m in audit.mixes[:5])
-    assert str(audit.mixes[-1]).endswith("reads a tensor on the device as a numpy array")
+    assert str(audit.mixes[-2]).endswith("reads a tensor on the device as a numpy array")
+    assert str(audit.mixes[-1]).endswith("draws on the device with a CPU generator")
     assert "reads a CPU tensor made at" in str(audit.mixes[0])
     assert audit.on_cpu(torch.from_numpy(np.ones(2))) is None  # torch.from_numpy is restored
 
