@@ -118,8 +118,9 @@ def _layer_means(analysis: Analysis, trained: bool) -> list[np.ndarray]:
     tr = analysis.trace if trained else analysis.baseline_trace
     L = int(tr.num_layers)
     if units is not None:  # each layer's units (a mixed xLSTM stack's layers differ)
-        sizes = units.layer_sizes or (units.n_units // L,) * L
-        return np.split(units.forget_means, np.cumsum(sizes)[:-1])
+        if units.layer_sizes is None:  # not known: equal layers, or a loud error
+            return np.split(units.forget_means, L)
+        return np.split(units.forget_means, np.cumsum(units.layer_sizes)[:-1])
     if tr.keep_gate is None:
         return [unit_means(tr[f"{layer_name(k)}.h"]) for k in range(L)]
     return [np.full(tr["layer0.h"].shape[-1], np.nan)] * L
