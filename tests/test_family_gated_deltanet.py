@@ -433,3 +433,29 @@ def test_an_edit_carries_forward_and_this_position_only_does_not():
     assert (here[:, t] - own[:, t]).abs().max() > 1e-3
     assert (here[:, t + 1:] - own[:, t + 1:]).abs().max() < 1e-5
     assert torch.allclose(here[:, t], carried[:, t])
+
+
+@pytest.mark.parametrize("gate", ["alpha", "beta"])
+def test_at_real_width_a_gate_off_by_a_tenth_of_a_percent_fails(gate, monkeypatch):
+    """Qwen3.5-0.8B's Gated DeltaNet layer shape (width 1024, 16 heads of 128 keys and 128
+    values): the read-out passes, and with its decay α or its write strength β off by 1e-3
+    relative it fails, although the one-step figure is judged against max(1, the unit's
+    largest |value|) and the layer's outputs here are small (docs/methods.md)."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3_5TextConfig(
+        vocab_size=8, hidden_size=1024, num_hidden_layers=1, linear_num_key_heads=16,
+        linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, layer_types=["linear_attention"])
+    layer = transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5GatedDeltaNet(cfg, 0).eval()
+    fam = HFGatedDeltaNetFamily(layer)
+    call = fam.check(torch.randn(2, 64, 1024, generator=torch.Generator().manual_seed(1)))
+    ref = fam.reference(call)
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h < 1e-6  # measured 2.8e-7
+    right = HFGatedDeltaNetFamily._inputs
+
+    def wrong(self, m, u, xc):
+        signals = right(self, m, u, xc)
+        return {**signals, gate: signals[gate] * 1.001}
+
+    monkeypatch.setattr(HFGatedDeltaNetFamily, "_inputs", wrong)
+    assert fam.one_step(call, ref)[0].max_scaled_diff_h > 1e-4  # α 1.6e-4, β 4.5e-4
