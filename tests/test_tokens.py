@@ -121,6 +121,31 @@ def test_bytes_is_a_unit() -> None:
     assert set(a.perturbed[:, 3].tolist()) <= set(ids.unique().tolist())
 
 
+def test_a_byte_model_reads_a_text_as_its_utf8_bytes() -> None:
+    """unit="bytes" with no vocabulary list (or one of 256 and more ids): a text's UTF-8
+    bytes are its ids, shown as characters below 0x80 and <0xNN> above; their classes are
+    the token classes (the newline byte is a newline)."""
+    net = torch.nn.Sequential(torch.nn.Embedding(256, 4), torch.nn.GRU(4, 5, batch_first=True))
+    text = "ça va, très bien\n" * 8  # 2 two-byte characters a line: 17 characters, 19 bytes
+    res = gatelens.Lens(net, unit="bytes").analyze(text, windows=3, length=40, perturb_pos=5)
+    a = res.analyses["1"]
+    assert torch.equal(a.windows.flatten(), torch.tensor(list(text.encode())[:120]))
+    assert a.report["model"]["unit"] == "bytes"
+    assert a.report["text"]["source"] == ("text (136 characters, as UTF-8 bytes; first 3 "
+                                          "windows of 40 bytes)")
+    assert a.chars[0xC3] == "<0xC3>" and a.chars[ord("a")] == "a" and a.chars[10] == "\n"
+    assert a.report["char_classes"]["newline"]["positions"] == 6  # 120 bytes, 6 lines
+    again = gatelens.Lens(net, 256, unit="bytes").analyze(text, windows=3, length=40,
+                                                          perturb_pos=5)
+    assert again.reports["1"]["text"] == a.report["text"]
+    assert torch.equal(again.analyses["1"].windows, a.windows)
+    with pytest.raises(GatelensError, match=r"a byte model reads a text as its UTF-8 bytes, "
+                                            r"ids 0..255; Lens\(vocab=100\) holds fewer"):
+        gatelens.Lens(net, 100, unit="bytes").analyze(text, windows=3, length=40)
+    with pytest.raises(GatelensError, match="text: 152 bytes, too short for 4 windows of 40"):
+        gatelens.Lens(net, unit="bytes").analyze(text, windows=4, length=40)
+
+
 def test_bad_tokenizer_input_is_one_line(tok) -> None:
     m = _model(len(tok))
     with pytest.raises(GatelensError, match="vocab= or tokenizer=, not both"):

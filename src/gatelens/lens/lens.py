@@ -40,6 +40,7 @@ from gatelens.lens.logits import (
 from gatelens.lens.result import LensResult
 from gatelens.lens.run import Run
 from gatelens.lens.tokens import (
+    Utf8Bytes,
     check_tokenizer,
     check_unit,
     encode_text,
@@ -73,7 +74,8 @@ class Lens:
     tokenised once and its windows are token windows (``lens/tokens.py``). ``unit``: what
     the model reads, "characters" (a vocabulary), "tokens" (the default with a tokenizer)
     or "bytes"; every figure and page speaks of it, and a model read in tokens or bytes has
-    its replacement drawn from the tokens occurring in the windows.
+    its replacement drawn from the tokens occurring in the windows. A byte model with no
+    vocabulary list reads a text as its UTF-8 bytes (``tokens.Utf8Bytes``).
     ``device`` ("cpu", "cuda", "auto"; default: where the model is): the model is moved
     there, in place, and so is every window of ids (``lens/device.py``).
     ``encode`` maps ids (B, T) int64 to what ``model(...)`` takes (default: the ids). A
@@ -104,6 +106,9 @@ class Lens:
         self.tokenizer = tokenizer
         self.unit = check_unit(unit or ("tokens" if tokenizer is not None or names_tokens(vocab)
                                         else "characters"))
+        if tokenizer is None and self.unit == "bytes" and (
+                vocab is None or isinstance(vocab, int) and vocab >= 256):
+            self.tokenizer = Utf8Bytes()  # a text is read as its UTF-8 bytes, ids 0..255
         self.vocab = self.run_info.vocab if vocab is None and self.run_info is not None else vocab
         if self.vocab is not None and not isinstance(self.vocab, int):
             self.vocab = vocab_list(self.vocab, self.unit)
@@ -181,6 +186,9 @@ class Lens:
             where, text_or_ids = str(text_or_ids), read_text_file(text_or_ids)
         if self.tokenizer is not None:
             return self._token_windows(text_or_ids, windows, length, where)
+        if self.unit == "bytes" and isinstance(self.vocab, int):
+            raise GatelensError(f"a byte model reads a text as its UTF-8 bytes, ids 0..255; "
+                                f"Lens(vocab={self.vocab}) holds fewer")
         if self.vocab is None or isinstance(self.vocab, int):
             raise GatelensError("text input needs vocab: the model's characters in index order")
         vocab = Vocab(list(self.vocab))
@@ -195,13 +203,15 @@ class Lens:
         ``length``-token slices ("all": every whole one)."""
         ids = torch.tensor(encode_text(self.tokenizer, text), dtype=torch.long)  # (N,)
         n = len(ids) // length if windows == "all" else windows
+        u = "bytes" if isinstance(self.tokenizer, Utf8Bytes) else "tokens"
         if n < 1 or len(ids) < n * length:
-            raise GatelensError(f"{where}: {len(ids)} tokens, too short for "
-                                f"{windows} windows of {length} tokens")
+            raise GatelensError(f"{where}: {len(ids)} {u}, too short for "
+                                f"{windows} windows of {length} {u}")
         ids = ids[: n * length].view(n, length)  # (B, T)
         how = "every whole window" if windows == "all" else f"first {windows} windows"
-        return ids, self._chars(ids), (f"{where} ({len(text)} characters, tokenised; {how} "
-                                       f"of {length} tokens)")
+        read = "as UTF-8 bytes" if u == "bytes" else "tokenised"
+        return ids, self._chars(ids), (f"{where} ({len(text)} characters, {read}; {how} "
+                                       f"of {length} {u})")
 
     def runner(self, path: str) -> Runner:
         """ids (B, T) -> what the module at ``path`` received when the whole model read them.

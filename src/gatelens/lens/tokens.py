@@ -28,6 +28,30 @@ from gatelens.schema_check import PLACEHOLDER, check_chars
 WORD_START = ("Ġ", "▁")  # GPT-2's byte-level BPE and SentencePiece mark a leading space so
 
 
+class Utf8Bytes:
+    """A byte model's tokenizer: a text's UTF-8 bytes are its ids 0..255 (what
+    ``Lens(model, unit="bytes")`` reads a text with when given no vocabulary list and no
+    tokenizer). A byte below 0x80 is shown as its character; one above, a piece of a
+    character, as <0xNN>.
+
+    >>> b = Utf8Bytes()
+    >>> b.encode("é!"), b.decode([33]), b.decode([0xC3]), b.decode(b.encode("é!"))
+    ([195, 169, 33], '!', '<0xC3>', 'é!')
+    """
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", "surrogatepass"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids]
+        if len(ids) == 1 and ids[0] >= 0x80:
+            return f"<0x{ids[0]:02X}>"
+        return bytes(ids).decode("utf-8", "replace")
+
+
 def check_unit(unit: str) -> str:
     """A unit gatelens speaks of; anything else is one line."""
     if unit not in UNITS:
