@@ -265,6 +265,10 @@ def test_errors() -> None:
         lens.analyze(TEXT[:100], windows=B, length=T, perturb_pos=P)
     with pytest.raises(GatelensError, match="text input needs vocab"):
         gatelens.Lens(CharLM()).analyze(TEXT, windows=B, length=T)
+    time_first = nn.Sequential(nn.Embedding(V, 4), nn.GRU(4, 5))  # reads (B, T, 4) as (T, B)
+    with pytest.raises(GatelensError, match=r"^GRU read 40 sequences of 3 steps from 3 windows "
+                                            r"of 40 characters: .* batch_first=False"):
+        gatelens.Lens(time_first, vocab=CHARS).analyze(windows(), perturb_pos=P)
     with pytest.raises(GatelensError, match="decoder: its 40 calls in one forward form 40 "
                                             "trajectories .*call 1's state is not call 0's"):
         gatelens.Lens(EncDec(steps="fresh"), vocab=CHARS).analyze(windows(), perturb_pos=P)

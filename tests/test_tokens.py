@@ -144,6 +144,14 @@ def test_a_byte_model_reads_a_text_as_its_utf8_bytes() -> None:
         gatelens.Lens(net, 100, unit="bytes").analyze(text, windows=3, length=40)
     with pytest.raises(GatelensError, match="text: 152 bytes, too short for 4 windows of 40"):
         gatelens.Lens(net, unit="bytes").analyze(text, windows=4, length=40)
+    ascii_net = torch.nn.Sequential(torch.nn.Embedding(128, 4),
+                                    torch.nn.GRU(4, 5, batch_first=True))
+    lens = gatelens.Lens(ascii_net, unit="bytes")  # its ids are still read
+    assert lens.analyze(torch.tensor([list(b"abc, abc.\n" * 4)] * 2), perturb_pos=3
+                        ).reports["1"]["model"]["unit"] == "bytes"
+    with pytest.raises(GatelensError, match=r"ids 0..255; Sequential's embedding \(128 rows\) "
+                                            r"holds fewer$"):
+        lens.analyze(text, windows=3, length=40)
 
 
 def test_bad_tokenizer_input_is_one_line(tok) -> None:

@@ -168,6 +168,13 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         t0 = time.perf_counter()
         cap, cap2 = runner(w), runner(wp)
         call, ref, tr = _read(fam, cap)
+        if (call.batch, call.length) != tuple(w.shape):
+            raise GatelensError(
+                f"{type(fam.module).__name__} read {call.batch} sequences of {call.length} "
+                f"steps from {len(w)} windows of {T} {unit}: the measurements follow each "
+                "window's positions through it, so it must read them one step a position (a "
+                "module reading time first, batch_first=False, handed (B, T, F) reads B as "
+                "time: transpose its input in the model, or make it batch first)")
         tr2 = _read_perturbed(fam, cap2)  # what its measurements read
         base_tr = None if base is None else _read(base[1], base[2](w))[2]
         part = Chunk(setup, b0, w, cap, cap2, call, ref, tr, tr2, base_tr)

@@ -107,7 +107,8 @@ class Lens:
         self.unit = check_unit(unit or ("tokens" if tokenizer is not None or names_tokens(vocab)
                                         else "characters"))
         if tokenizer is None and self.unit == "bytes" and (
-                vocab is None or isinstance(vocab, int) and vocab >= 256):
+                vocab is None or isinstance(vocab, int) and vocab >= 256) and (
+                rows(model) or 256) >= 256:
             self.tokenizer = Utf8Bytes()  # a text is read as its UTF-8 bytes, ids 0..255
         self.vocab = self.run_info.vocab if vocab is None and self.run_info is not None else vocab
         if self.vocab is not None and not isinstance(self.vocab, int):
@@ -186,9 +187,11 @@ class Lens:
             where, text_or_ids = str(text_or_ids), read_text_file(text_or_ids)
         if self.tokenizer is not None:
             return self._token_windows(text_or_ids, windows, length, where)
-        if self.unit == "bytes" and isinstance(self.vocab, int):
+        if self.unit == "bytes" and not isinstance(self.vocab, list):
+            n = f"Lens(vocab={self.vocab})" if isinstance(self.vocab, int) else \
+                f"{type(self.model).__name__}'s embedding ({rows(self.model)} rows)"
             raise GatelensError(f"a byte model reads a text as its UTF-8 bytes, ids 0..255; "
-                                f"Lens(vocab={self.vocab}) holds fewer")
+                                f"{n} holds fewer")
         if self.vocab is None or isinstance(self.vocab, int):
             raise GatelensError("text input needs vocab: the model's characters in index order")
         vocab = Vocab(list(self.vocab))
