@@ -74,3 +74,19 @@ def test_a_package_whose_own_forward_fails_at_half_precision_is_told_to_load_flo
     model.float()
     assert gatelens.Lens(model, vocab=7).analyze(ids, perturb_pos=3, exponents=1).reports[
         "rnn"]["verification"]["passed"]
+
+
+def test_a_trained_mamba2_in_bfloat16_is_read_at_its_own_precision():
+    """transformers' Mamba-2 norm returns float32 whatever the weights; gatelens's LM around
+    it (``--cell hf-mamba2``) hands its head the head's own dtype, as the package's LM head
+    does, so the bfloat16 model runs and is verified at bfloat16's tolerance."""
+    from gatelens.training.model import OfficialLM
+
+    torch.manual_seed(0)
+    model = OfficialLM(7, "hf-mamba2", 32, 1).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 7, (2, 12))
+    with torch.no_grad():
+        assert model(ids)[0].dtype == torch.bfloat16
+    ver = gatelens.Lens(model, vocab=7).analyze(ids, perturb_pos=3, exponents=1).reports[
+        "rnn"]["verification"]
+    assert ver["passed"] and ver["tolerance"] == tolerance_for(torch.bfloat16)

@@ -126,7 +126,9 @@ class OfficialLM(nn.Module):
     def core(self, idx: Tensor) -> Tensor:
         """Logits (B, T, V) of ids (B, T), the whole sequence in one call of ``rnn``."""
         out = self.recipe.run(self.rnn, self.encode(idx))  # (B, T, d), or the logits of a whole LM
-        return out if self.head is None else self.head(out)
+        # a package's last norm may return float32 whatever the weights (transformers'
+        # Mamba-2 does): the head reads its own dtype, as the package's own LM head does
+        return out if self.head is None else self.head(out.to(self.head.weight.dtype))
 
     def forward(self, idx: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         full = idx if state is None else torch.cat([state, idx], dim=1)  # (B, T_seen)
