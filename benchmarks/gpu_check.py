@@ -297,12 +297,9 @@ def speed(rows: list[dict], repeats: int = 20) -> None:
         times: list[list[float]] = [[], []]
         for i in range(repeats + 3):
             for fn, acc in zip((fwd, tr), times, strict=True):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                torch.cuda.synchronize()
-                if i >= 3:
-                    acc.append(time.perf_counter() - t0)
+                took = timed(fn, "cuda")
+                if i >= 3:  # after warm-up
+                    acc.append(took)
         f, t = (statistics.median(v) for v in times)
         rows.append({"check": f"speed lstm B={B} read-out / cuDNN forward", "value": t / f,
                      "limit": None, "ok": True,

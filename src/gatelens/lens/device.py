@@ -57,13 +57,13 @@ def placed(model: nn.Module, device: str | torch.device | None) -> torch.device 
     is not moved to another device: one line names the module and why."""
     dev = resolve(device)
     if dev is not None and dev.type != "cpu":
-        from gatelens.families.registry import family_classes
+        from gatelens.families.registry import family_of
 
         for path, m in model.named_modules():
-            cls = next((c for c in family_classes() if c.opens(m)), None)
-            if cls is not None and cls.cpu_only:
-                raise GatelensError(f"{path or type(m).__name__} ({cls.name}) runs on the CPU "
-                                    f"only: {cls.cpu_only}; use device cpu")
+            fam = family_of(m)
+            if fam is not None and fam.cpu_only:
+                raise GatelensError(f"{path or type(m).__name__} ({fam.name}) runs on the CPU "
+                                    f"only: {fam.cpu_only}; use device cpu")
     if dev is not None:
         model.to(dev)
     return dev
