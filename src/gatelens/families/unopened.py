@@ -51,7 +51,7 @@ def _short_conv(m: nn.Module) -> bool:
 
 def nothing_opened(model: nn.Module) -> str:
     """The one line for a model no family opens anything in (module docstring)."""
-    from gatelens.families.registry import cell_names
+    from gatelens.families.registry import family_classes
 
     name = type(model).__name__
     for path, m in model.named_modules():
@@ -60,7 +60,8 @@ def nothing_opened(model: nn.Module) -> str:
             where = path or "the model itself"
             return f"{name}: {where} ({type(m).__name__}) is {why}"
     convs = sorted({type(m).__name__ for m in model.modules() if _short_conv(m)})
-    what = f"gatelens opens {', '.join(cell_names())} (gatelens.families() says what each is)"
+    opened = ", ".join(dict.fromkeys(cls.name for cls in family_classes()))
+    what = f"gatelens opens {opened} (gatelens.families() says what each is)"
     if convs:
         return (f"{name}: nothing in it is a recurrence gatelens opens: its "
                 f"{', '.join(convs)} layers are short convolutions (a window over the last "
