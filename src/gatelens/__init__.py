@@ -1,7 +1,9 @@
-"""gatelens: open small recurrent language models.
+"""gatelens: open recurrent language models, from a character LSTM to a Mamba-2 hybrid.
 
-Every gate of nn.LSTM, nn.GRU and nn.RNN as a tensor, verified against PyTorch, and
-measurements of how long the model really remembers. ``import gatelens`` loads the read-out
+Every gate and state of a recurrent module (nn.LSTM, nn.GRU and nn.RNN, cells in loops, and
+the modern recurrences: xLSTM, Mamba, Gated DeltaNet, RWKV, RG-LRU, inside whole models) as
+a tensor, verified against the module's own computation, and measurements of how long the
+model really remembers. ``import gatelens`` loads the read-out
 only; the analysis and report stack (matplotlib) load on first use of ``analyze``,
 ``Analysis``, ``measure`` or ``reproduce``.
 
