@@ -75,6 +75,41 @@ def test_one_chunk_says_each_stage_and_the_spectrum_s_steps(capsys, monkeypatch)
     assert err.index(steps[-1]) < next(i for i, ln in enumerate(err) if "spectrum took" in ln)
 
 
+def test_stages_of_the_first_windows_only_are_counted_once_a_chunk_of_them(monkeypatch):
+    """The spectrum and the context used read the first ``memory_windows`` windows (the
+    spectrum fewer under its cost rule): the estimate counts their first-chunk time once for
+    each chunk holding those windows, the rest for every chunk (24 Mamba layers, 8 windows:
+    the estimate said 24.7 min where the analysis took 17.2)."""
+    import gatelens.analysis.measure as measure_mod
+
+    said = []
+
+    def spy(**kw):
+        said.append(kw)
+        return time_line(**kw)
+
+    monkeypatch.setattr(measure_mod, "time_line", spy)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, batch_first=True)
+    ids = torch.randint(0, 4, (6, 20))
+    run = encoder_runner(lambda i: torch.nn.functional.one_hot(i, 4).float())
+    a = measure(lstm, run, ids, list("abcd"), perturb_pos=5, exponents=2, memory_windows=2,
+                chunk=2, progress=True)
+    (kw,) = said
+    assert a.lyapunov.windows == 2 and set(kw["fewer"]) == {"spectrum", "context"}
+    assert all(read == 2 and took > 0 for took, read in kw["fewer"].values())
+    some = sum(took for took, _ in kw["fewer"].values())
+    line = time_line(**kw)
+    total = float(re.search(r"all 3 ≈ ([\d.]+) s", line).group(1))
+    assert abs(total - ((kw["first"] - some) * 3 + some)) <= 0.05 + 1e-9
+    # the others read every window (fixed points: under the first chunk's inputs only)
+    from gatelens.analysis.chunk import Accumulator
+    from gatelens.analysis.measurements import MEASUREMENTS
+
+    fewer = {m.__name__ for m in MEASUREMENTS if m.windows_read is not Accumulator.windows_read}
+    assert fewer == {"Spectrum", "Context", "FixedPointSearch"}
+
+
 def test_the_chunk_rule_is_the_estimates():
     fam = family_of(torch.nn.LSTM(84, 325))
     step = chunk_windows(fam, 128)

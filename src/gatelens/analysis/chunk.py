@@ -102,6 +102,23 @@ class Measurement(Protocol):
 
     def result(self, found: dict) -> dict: ...
 
+    def windows_read(self, windows: int) -> int: ...
+
+
+class Accumulator:
+    """What the measurements share: built from the setup unless ``build`` says it does
+    not apply (a measurement that is not asked or has nothing to read returns None), and
+    reading every window unless ``windows_read`` says fewer."""
+
+    @classmethod
+    def build(cls, setup: Setup) -> Accumulator | None:
+        return cls(setup)  # type: ignore[call-arg]
+
+    def windows_read(self, windows: int) -> int:
+        """How many of the analysis's ``windows`` it reads (the first ones): what the time
+        estimate after the first chunk counts its time for (analysis/estimate.py)."""
+        return windows
+
 
 def reach_note(clean: Tensor | None, perturbed: Tensor | None, ids: Tensor,
                vocab: int) -> str | None:

@@ -9,6 +9,13 @@ gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s
 >>> print(time_line(first=2.0, windows=64, step=16, peak=3 * 2**29))
 gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 8.0 s; peak resident memory so far 1.5 GiB
 
+A stage that reads only the first windows (the spectrum under its cost rule, the context
+used) counts its first chunk's time once for each chunk holding them, not for every chunk
+(``fewer``: {stage: (its seconds in the first chunk, the windows it reads)}):
+
+>>> print(time_line(first=2.0, windows=64, step=16, fewer={"spectrum": (1.0, 16)}))
+gatelens analyze: the first chunk took 2.0 s; all 4 ≈ 5.0 s
+
 Several modules (a hybrid's recurrent layers) are measured one after another
 (``each_module``): a line names each before it starts, and once it is done, the time it
 took and what the modules left will take at that rate.
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TextIO
 
 __all__ = ["HELD_PER_LAYER", "HELD_PER_TRACE", "chunk_bytes", "each_module", "peak_resident",
@@ -101,11 +108,16 @@ def plan_line(*, windows: int, length: int, step: int, per_token: int, module: i
             f"{min(step, windows)}; working memory ≈ {said} a chunk")
 
 
-def time_line(*, first: float, windows: int, step: int, peak: int | None = None) -> str:
+def time_line(*, first: float, windows: int, step: int, peak: int | None = None,
+              fewer: Mapping[str, tuple[float, int]] | None = None) -> str:
     """The line printed after the first chunk, when more follow; with ``peak`` (bytes,
-    ``peak_resident``) the process's peak resident memory so far."""
+    ``peak_resident``) the process's peak resident memory so far. ``fewer``: the stages that
+    read only the first windows, {stage: (seconds in the first chunk, windows read)}; the
+    rest of the first chunk's time is counted for every chunk."""
     n = _chunks(windows, step)
-    total = first * windows / min(step, windows)
+    some = (fewer or {}).values()
+    total = (first - sum(took for took, _ in some)) * windows / min(step, windows) + sum(
+        took * _chunks(min(read, windows), step) for took, read in some)
     took = f"gatelens analyze: the first chunk took {first:.1f} s; all {n} ≈ "
     line = took + (f"{total:.1f} s" if total < 120 else f"{total / 60:.1f} min")
     return line if peak is None else f"{line}; peak resident memory so far {peak / 2**30:.1f} GiB"

@@ -198,7 +198,7 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
         give_back()
         if progress and b0 == 0 and B > step:
             bar.write(time_line(first=time.perf_counter() - started, windows=B, step=step,
-                                peak=peak_resident()))
+                                peak=peak_resident(), fewer=_fewer(active, clock, B)))
         bar.update(len(w))
         bar.milestone(", ".join(f"{k} {v:.1f}s" for k, v in clock.items() if v))
     bar.close()
@@ -217,6 +217,15 @@ def measure(module: nn.Module, runner: Runner, ids: Tensor, chars: list[str],
                  perturb_pos=s.perturb_pos, **kept, **found, **(run or {}))
     clock["analyses"] += time.perf_counter() - t0
     return a
+
+
+def _fewer(active: list, clock: dict, windows: int) -> dict[str, tuple[float, int]]:
+    """The stages whose measurements all read fewer than ``windows`` windows: {stage: (its
+    seconds so far, the most windows one of them reads)} (``estimate.time_line``)."""
+    read: dict[str, int] = {}
+    for m in active:
+        read[m.stage] = max(read.get(m.stage, 0), m.windows_read(windows))
+    return {stage: (clock[stage], n) for stage, n in read.items() if n < windows}
 
 
 def _read(fam: Family, cap: Captured) -> tuple[Call, Reference, Trace]:

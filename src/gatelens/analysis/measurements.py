@@ -3,10 +3,10 @@
 A measurement is an accumulator: built once per analysis from a ``Setup`` (``build``
 returns None when it does not apply: not asked, or no keep gate), handed every ``Chunk`` of
 windows (``update``: the chunk's traces, PyTorch's own states and the dynamics are read
-once and shared), and asked once at the end for the ``Analysis`` fields it fills
-(``result``; its "text" entry, if any, joins report.json's text block). Each names the
-stage it is timed and shown under (``stage``) and the report.json sections it fills
-(``report``; the rendering is ``gatelens.report``'s).
+once and shared; ``windows_read``: how many, the first ones, it reads), and asked once at
+the end for the ``Analysis`` fields it fills (``result``; its "text" entry, if any, joins
+report.json's text block). Each names its stage (``stage``: timed and shown under it) and
+the report.json sections it fills (``report``; the rendering is ``gatelens.report``'s).
 
 Adding a measurement is its file (the pure function, in ``gatelens.analysis``), one class
 here and one line in ``MEASUREMENTS``, and its rendering in ``gatelens.report``.
@@ -38,7 +38,7 @@ from gatelens.analysis.causal import (
     cuts,
     why,
 )
-from gatelens.analysis.chunk import Chunk, Setup
+from gatelens.analysis.chunk import Accumulator, Chunk, Setup
 from gatelens.analysis.context import MAX_CHARS, ContextAccumulator, chars_per_call
 from gatelens.analysis.divergence import (
     DivergenceRate,
@@ -60,15 +60,6 @@ from gatelens.readout.verify import VerifyResult, verify_call
 
 #: bytes of the first chunk's split the analysis keeps for the page (its windows that fit)
 SPLIT_KEPT = 256 * 2**20
-
-
-class Accumulator:
-    """What the measurements share: built from the setup unless ``build`` says it does
-    not apply (a measurement that is not asked or has nothing to read returns None)."""
-
-    @classmethod
-    def build(cls, setup: Setup) -> Accumulator | None:
-        return cls(setup)
 
 
 class Divergence(Accumulator):
@@ -135,6 +126,10 @@ class Spectrum(Accumulator):
         if chunk.memory and chunk.dynamics is not None:
             self.acc.update([d.first(chunk.memory) for d in chunk.dynamics])
 
+    def windows_read(self, windows: int) -> int:  # the first memory_windows; the cost rule's
+        limit = self.acc.limit if self.acc.starts is not None else windows
+        return min(windows, self.acc.windows or windows, limit)
+
     def result(self, found: dict) -> dict:
         return {"lyapunov": None if self.acc.starts is None else self.acc.result()}
 
@@ -150,6 +145,9 @@ class FixedPointSearch(Accumulator):
     @classmethod
     def build(cls, setup: Setup) -> FixedPointSearch | None:
         return cls(setup) if setup.settings.fixed_points else None
+
+    def windows_read(self, windows: int) -> int:
+        return min(windows, 1)  # under the first chunk's held inputs only
 
     def update(self, chunk: Chunk) -> None:
         if self.found is None and chunk.dynamics is not None:
@@ -176,13 +174,15 @@ class Context(Accumulator):
     def build(cls, setup: Setup) -> Context | None:
         return cls(setup) if setup.memory_windows else None
 
+    def windows_read(self, windows: int) -> int:
+        return min(windows, self.setup.memory_windows)
+
     def update(self, chunk: Chunk) -> None:
         if chunk.memory and chunk.reach_note is None and not self.reused:
             if self.acc is None:
                 runner = self.setup.runner
                 pad = getattr(runner, "pad_to", None)  # a padded model has its own bound
-                self.acc = ContextAccumulator(
-                    lambda i: runner(i).logits, self.setup.length,
+                self.acc = ContextAccumulator(lambda i: runner(i).logits, self.setup.length,
                     max_chars=MAX_CHARS if pad else chars_per_call(self.setup.fam.hidden_size),
                     logits_at=getattr(runner, "logits_at", None), pad_to=pad)
             self.acc.update(chunk.windows[: chunk.memory])
