@@ -242,9 +242,9 @@ COMMANDS = {"train": (_add_train, _cmd_train), "sample": (_add_sample, _cmd_samp
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gatelens", description=(
-        "Open recurrent language models, from a character LSTM to a Mamba-2 hybrid: train, "
-        "read every gate and state, verify, measure memory, patch, report. Exit 0 done, 1 a "
-        "check failed, 2 bad input."))
+        "Open recurrent language models, from a character LSTM to a pretrained state-space "
+        "hybrid: train, read every gate and state, verify, measure memory, patch, report. "
+        "Exit 0 done, 1 a check failed, 2 bad input."))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add, _ in COMMANDS.values():
         add(sub)

@@ -161,7 +161,7 @@ def _rate(dyn: Dynamics, burn_in: int, start: Tensor) -> np.ndarray:
     sizes = [t.shape[-1] for t in dyn.trajectory]
     dev = dyn.trajectory[0].device
     v = start.to(dev)  # (B, S)
-    v = list((v / v.norm(dim=-1, keepdim=True)).split(sizes, dim=-1))
+    v = v / v.norm(dim=-1, keepdim=True)
     total = torch.zeros(B, dtype=torch.float64, device=dev)
     counted = 0
     with warnings.catch_warnings(), torch.no_grad(), faithful_matmul(dev):
@@ -169,6 +169,11 @@ def _rate(dyn: Dynamics, burn_in: int, start: Tensor) -> np.ndarray:
         # deprecated: their own business, not the caller's.
         warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated",
                                 category=DeprecationWarning)
+        logs = None if dyn.sweep is None else dyn.sweep(v)  # the whole window at once
+        if logs is not None:
+            first = max(0, burn_in - dyn.offset)
+            return (logs[:, first:].sum(dim=1) / (len(dyn.order) - first)).cpu().numpy()
+        v = list(v.split(sizes, dim=-1))
         for j, t in enumerate(dyn.order):
             x_t = dyn.inputs[:, t]  # (B, F)
             _, v = torch.func.jvp(lambda *s, x_t=x_t: tuple(dyn.step(x_t, list(s))),

@@ -139,6 +139,10 @@ class Dynamics:
     #: steps of the window before ``order[0]`` (they made ``initial``); the burn-in counts
     #: them, so λ is summed over the same window steps whatever a family starts from
     offset: int = 0
+    #: (B, S) unit start tangents -> (B, T) ln of each step's growth, the whole window at
+    #: once (a family whose state enters its step linearly: families/mamba_sweep.py), or
+    #: None where it cannot say; None: the step-by-step JVP only
+    sweep: Callable[[Tensor], Tensor | None] | None = None
 
     @property
     def size(self) -> int:
@@ -162,7 +166,7 @@ class Dynamics:
             return self
         return dataclasses.replace(self, inputs=self.inputs[:n],
                                    trajectory=[p[:n] for p in self.trajectory],
-                                   initial=[p[:n] for p in self.initial])
+                                   initial=[p[:n] for p in self.initial], sweep=None)
 
 
 class Family(abc.ABC):

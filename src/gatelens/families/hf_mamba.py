@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import abc
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,9 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelens.errors import GatelensError
-from gatelens.families.base import Call
+from gatelens.families.base import Call, Dynamics, Reference
 from gatelens.families.buffers import zeros64
 from gatelens.families.forward_scan import SequentialScanStates, linear_scan
+from gatelens.families.mamba_sweep import sweep
 from gatelens.families.official import (
     OfficialFamily,
     Recorder,
@@ -231,6 +233,10 @@ class MambaCell(OfficialFamily):
 
     def state_of(self, k: int, parts: list[Tensor]) -> Tensor:
         return parts[1]
+
+    def dynamics(self, call: Call, ref: Reference) -> list[Dynamics]:  # families/mamba_sweep.py
+        return [replace(d, sweep=sweep(self, call, ref, MambaCell))
+                for d in super().dynamics(call, ref)]
 
     def intervene(self, call: Call, plan: Any, output: Any, offset: int = 0):
         """Edits inside the hand cell's steps from the first edited position on
