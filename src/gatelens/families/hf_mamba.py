@@ -122,9 +122,8 @@ class MambaCell(OfficialFamily):
     cell_name = "mamba"
     specs = (MAMBA,)
     units_name = "(channel, state) pair"
-    #: the float64 copy widens in_proj and out_proj at each call (upcast.py): the hand cell
-    #: reads them over many rows a call (a piece of the window, a whole layer), so widening
-    #: costs ~10 % and saves their float64 copy (0.67 GiB at 24 Mamba-2 layers)
+    #: the float64 copy widens in_proj and out_proj at each call (upcast.py): ~10 % slower over
+    #: the many rows a hand cell reads a call, and 0.67 GiB less at 24 Mamba-2 layers
     float64_memo = staticmethod(float64_memo)
 
     @abc.abstractmethod
@@ -200,20 +199,22 @@ class MambaCell(OfficialFamily):
         a = edit("a", torch.exp(delta[..., None] * A).reshape(-1, Din * N)).view(-1, Din, N)
         s_new = a * s.view(-1, Din, N) + delta[..., None] * B[:, None, :] * xc[..., None]
         s_new = edit("s", s_new.reshape(-1, Din * N)).view(-1, Din, N)
-        y = (s_new @ C[..., None])[..., 0] + mix.D * xc  # (R, Din)
-        y = mix.out_proj(y * F.silu(z))
+        y = self.readout(mix, s_new, C, xc, z)
         new = [window[:, 1:].reshape(-1, (K - 1) * Din), s_new.reshape(-1, Din * N)]
         return {"delta": delta, "a": a.reshape(-1, Din * N)}, new, y
+
+    def readout(self, mix: nn.Module, s: Tensor, C: Tensor, xc: Tensor, z: Tensor) -> Tensor:
+        """out_proj((C·s + D x̂) ⊙ silu(z)): the mixer's output from its states s (R, Din, N)."""
+        return mix.out_proj(((s @ C[..., None])[..., 0] + mix.D * xc) * F.silu(z))
 
     def scan_layer(self, k: int, m: nn.Module, u: Tensor
                    ) -> tuple[dict[str, Tensor], list[Tensor], Tensor]:
         """Layer k's hand cell over a whole sequence ``u`` (B, T, F) from the zero state, in
         ``m``'s dtype: every step's input side at once (it reads no state), then the
         recurrence s_t = a_t ⊙ s_{t−1} + Δ_t B_t x̂_t along time (forward_scan.linear_scan).
-        The same equations as ``step_cell``; (signals, parts, y), each (B, T, ·). Its rows
-        are time-major from the start, the layout the recurrence walks, so no (B·T, Din, N)
-        tensor is copied into another layout (each is 25 MB a window in float64 at
-        mamba-130m's width); what it returns are (B, T, ·) views of them."""
+        The same equations as ``step_cell``; (signals, parts, y), each (B, T, ·). Its rows are
+        time-major from the start, the layout the recurrence walks, so no (B·T, Din, N) tensor
+        (25 MB a window in float64 at mamba-130m's width) is copied: it returns views."""
         mix = self.mixers(m)[k]
         Din, N, K = self.d_inner, self.d_state, self.d_conv
         Bn, T = u.shape[:2]
@@ -225,8 +226,7 @@ class MambaCell(OfficialFamily):
         a = torch.mul(delta[..., None], A).exp_()  # (T·B, Din, N), in place: no second one
         b = torch.mul(delta[..., None], B[:, None, :]).mul_(xc[..., None])
         s = linear_scan(a.view(T, Bn, Din, N), b.view(T, Bn, Din, N), overwrite=True)
-        y = (s.view(T * Bn, Din, N) @ C[..., None])[..., 0] + mix.D * xc
-        y = mix.out_proj(y * F.silu(z.reshape(T * Bn, Din)))
+        y = self.readout(mix, s.view(T * Bn, Din, N), C, xc, z.reshape(T * Bn, Din))
         batch = lambda v: v.view(T, Bn, -1).transpose(0, 1)  # noqa: E731 - (B, T, ·) views
         parts = [conv_buffer(x.transpose(0, 1), K), batch(s)]
         return {"delta": batch(delta), "a": batch(a)}, parts, batch(y)

@@ -55,7 +55,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gatelens.cells.names import layer_name
@@ -134,9 +133,9 @@ def _layer(fam: Any, m: Any, k: int, ref: Reference, du: Tensor, dbuf0: Tensor, 
     ds = linear_scan(a.transpose(0, 1), drive.transpose(0, 1), overwrite=True)  # (T, B, ·)
     ds = ds.transpose(0, 1)  # (B, T, Din, N)
 
-    def out(s: Tensor, xc: Tensor, C: Tensor, z: Tensor) -> Tensor:  # the read-out, as step_cell
-        y = (s.reshape(Bn * T, Din, N) @ C[..., None])[..., 0] + mix.D * xc
-        return mix.out_proj(y * F.silu(z.reshape(Bn * T, Din))).view(Bn, T, -1)
+    def out(s: Tensor, xc: Tensor, C: Tensor, z: Tensor) -> Tensor:  # MambaCell's read-out
+        return fam.readout(mix, s.reshape(Bn * T, Din, N), C, xc,
+                           z.reshape(Bn * T, Din)).view(Bn, T, -1)
 
     _, dy = torch.func.jvp(out, (s, xc, C, z), (ds, dxc, dC, dz))
     # the buffer after step t holds inputs t − K + 2 … t: rows t + 1 … t + K − 1 of x_ext
